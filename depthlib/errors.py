@@ -1,0 +1,10 @@
+"""The one exception type for bad input.
+
+Library functions raise :class:`InputError` with a one-line message naming what is wrong (the row and
+column, the option and its allowed values, ...). The CLI turns it into ``depthlib: error: ...`` and exit
+status 2; notebooks show the message. Never let bad input surface as a traceback from deep inside torch.
+"""
+
+
+class InputError(ValueError):
+    """Bad input from a user: a missing column, an unknown model, an out-of-range option."""

@@ -1,0 +1,131 @@
+"""Plotly figure builders and the book renderer: one look for every chapter.
+
+Call :func:`setup_plotly` once per notebook. It registers a ``book`` renderer that emits small
+``text/html`` (no inlined plotly.js: the book loads the copy vendored from the plotly wheel once per
+page) next to the native plotly mimetype that JupyterLab draws. Without it plotly >= 6 emits only the
+plotly mimetype inside a kernel, which Jupyter Book cannot render, and figures silently vanish.
+
+Every chapter builds figures with :func:`new_figure` (shared template, units in axis titles) and shows
+them with :func:`show`, which puts a caption under the figure saying what to see.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.base_renderers import MimetypeRenderer
+
+#: Colour-blind-safe palette (Okabe–Ito), used in this order by every chapter.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+#: Sequential colour scale for heat maps.
+HEAT = "Viridis"
+FONT = "Inter, Helvetica Neue, Arial, sans-serif"
+WIDTH_CSS = "100%"
+HEIGHT = 430
+
+
+class BookHtmlRenderer(MimetypeRenderer):
+    """Renders a figure as an HTML fragment that relies on a page-level plotly.js."""
+
+    def to_mimebundle(self, fig_dict):
+        html = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False, full_html=False,
+                           default_width=WIDTH_CSS, default_height=fig_dict.get("layout", {}).get("height", HEIGHT),
+                           validate=False, config={"displaylogo": False, "responsive": True})
+        return {"text/html": html}
+
+
+def _template() -> go.layout.Template:
+    t = go.layout.Template()
+    t.layout = go.Layout(
+        font=dict(family=FONT, size=13, color="#222"),
+        colorway=list(PALETTE),
+        plot_bgcolor="white", paper_bgcolor="white",
+        margin=dict(l=70, r=30, t=60, b=60),
+        height=HEIGHT,
+        hovermode="closest",
+        legend=dict(bgcolor="rgba(255,255,255,0.8)", bordercolor="#ddd", borderwidth=1),
+        xaxis=dict(showline=True, linecolor="#444", mirror=True, ticks="outside", gridcolor="#eee", zeroline=False),
+        yaxis=dict(showline=True, linecolor="#444", mirror=True, ticks="outside", gridcolor="#eee", zeroline=False),
+    )
+    return t
+
+
+def setup_plotly() -> None:
+    """Register the depthlib template and the book renderer (idempotent)."""
+    pio.templates["depthlib"] = _template()
+    pio.templates.default = "plotly_white+depthlib"
+    pio.renderers["book"] = BookHtmlRenderer()
+    pio.renderers.default = "plotly_mimetype+book"
+
+
+def new_figure(title: str, x_title: str, y_title: str, *, log_x: bool = False, log_y: bool = False,
+               height: int = HEIGHT) -> go.Figure:
+    """An empty figure in the shared style. Axis titles must carry units, e.g. 'depth ℓ (blocks)'."""
+    fig = go.Figure()
+    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), height=height)
+    fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear")
+    fig.update_yaxes(title_text=y_title, type="log" if log_y else "linear")
+    return fig
+
+
+def show(fig: go.Figure, caption: str) -> None:
+    """Display a figure with a caption underneath (rendered as Markdown in JupyterLab and in the book)."""
+    from IPython.display import Markdown, display
+    fig.show()
+    display(Markdown(f"<p class='depthlib-caption'>{caption}</p>"))
+
+
+def color(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def slider_steps(labels: Sequence[str], n_traces_per_step: int, *, n_fixed: int = 0,
+                 titles: Sequence[str] | None = None, prefix: str = "") -> list[dict]:
+    """Steps for a plotly slider that shows one group of ``n_traces_per_step`` traces at a time.
+
+    Traces are laid out as ``n_fixed`` always-visible traces followed by one group per label. Works in
+    the static book (no kernel): every group is precomputed. ``titles`` sets ``title.text`` per step
+    (plotly.js >= 3 erases the title if a step sets a bare ``title`` string).
+    """
+    n = n_fixed + n_traces_per_step * len(labels)
+    steps = []
+    for i, label in enumerate(labels):
+        visible = [True] * n_fixed + [False] * (n - n_fixed)
+        start = n_fixed + i * n_traces_per_step
+        visible[start:start + n_traces_per_step] = [True] * n_traces_per_step
+        update: dict = {}
+        if titles is not None:
+            update["title.text"] = titles[i]
+        steps.append(dict(method="update", label=str(label), args=[{"visible": visible}, update]))
+    return steps
+
+
+def add_slider(fig: go.Figure, steps: list[dict], *, active: int = 0, prefix: str = "") -> go.Figure:
+    fig.update_layout(sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=prefix),
+                                    pad=dict(t=50), len=0.95, x=0.025)])
+    fig.update_layout(margin=dict(b=120))
+    return fig
+
+
+def dropdown(fig: go.Figure, buttons: list[dict], *, x: float = 1.0, y: float = 1.16,
+             direction: str = "down") -> go.Figure:
+    """Add a dropdown menu (static-book control) to switch between precomputed views."""
+    menus = list(fig.layout.updatemenus or [])
+    menus.append(dict(buttons=buttons, x=x, y=y, xanchor="right", yanchor="top", direction=direction,
+                      showactive=True))
+    fig.update_layout(updatemenus=menus)
+    return fig
+
+
+def log_ticks(values: Iterable[float]) -> dict:
+    """Tick values/labels for a log axis showing the data's own values (e.g. depths 6, 12, 24, 48)."""
+    vals = sorted(set(float(v) for v in values))
+    return dict(tickmode="array", tickvals=vals, ticktext=[f"{v:g}" for v in vals])
+
+
+def power_law_line(x: np.ndarray, coefficient: float, exponent: float, n: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """Points of y = coefficient * x^(-exponent) spanning the range of x on a log grid."""
+    grid = np.geomspace(np.min(x), np.max(x), n)
+    return grid, coefficient * grid ** (-exponent)

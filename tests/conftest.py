@@ -1,0 +1,19 @@
+"""Shared test set-up: the Chinchilla CSV comes from ../shared/data (CI) or DEPTHLIB_DATA_DIR."""
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_CHINCHILLA = ROOT.parent / "shared" / "data" / "chinchilla"
+
+if "DEPTHLIB_DATA_DIR" not in os.environ and SHARED_CHINCHILLA.exists():
+    os.environ["DEPTHLIB_DATA_DIR"] = str(SHARED_CHINCHILLA)
+
+
+@pytest.fixture(scope="session")
+def chinchilla_df():
+    from depthlib import data
+    if "DEPTHLIB_DATA_DIR" not in os.environ:
+        pytest.skip("no local Chinchilla CSV: set DEPTHLIB_DATA_DIR")
+    return data.chinchilla()
