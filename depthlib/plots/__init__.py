@@ -32,7 +32,8 @@ class BookHtmlRenderer(MimetypeRenderer):
     def to_mimebundle(self, fig_dict):
         html = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False, full_html=False,
                            default_width=WIDTH_CSS, default_height=fig_dict.get("layout", {}).get("height", HEIGHT),
-                           validate=False, config={"displaylogo": False, "responsive": True})
+                           validate=False, config={"displaylogo": False, "responsive": True,
+                                                   "displayModeBar": "hover"})
         return {"text/html": html}
 
 
@@ -42,7 +43,7 @@ def _template() -> go.layout.Template:
         font=dict(family=FONT, size=13, color="#222"),
         colorway=list(PALETTE),
         plot_bgcolor="white", paper_bgcolor="white",
-        margin=dict(l=70, r=30, t=60, b=60),
+        margin=dict(l=70, r=30, t=80, b=60),
         height=HEIGHT,
         hovermode="closest",
         legend=dict(bgcolor="rgba(255,255,255,0.8)", bordercolor="#ddd", borderwidth=1),
@@ -64,7 +65,7 @@ def new_figure(title: str, x_title: str, y_title: str, *, log_x: bool = False, l
                height: int = HEIGHT) -> go.Figure:
     """An empty figure in the shared style. Axis titles must carry units, e.g. 'depth ℓ (blocks)'."""
     fig = go.Figure()
-    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), height=height)
+    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", y=0.97, yanchor="top"), height=height)
     fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear")
     fig.update_yaxes(title_text=y_title, type="log" if log_y else "linear")
     return fig

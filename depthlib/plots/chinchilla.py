@@ -15,6 +15,13 @@ TERM_AXES = {  # term -> (column of the raw data, axis title, raw-unit conversio
 }
 
 
+TERM_TICKS = {
+    "m": plots.log_ticks([640, 1024, 2048, 4096]),
+    "l": plots.log_ticks([10, 20, 30, 40]),
+    "D": dict(tickmode="array", tickvals=[1e9, 1e10, 1e11], ticktext=["1B", "10B", "100B"]),
+}
+
+
 def term_part(fit: scaling.Fit, term: str) -> np.ndarray:
     """One term isolated from the observed loss: L − (all other terms) − L0 (the y of Fig. 2f)."""
     j = fit.terms.index(term)
@@ -86,7 +93,7 @@ def three_parts(fit: scaling.Fit) -> go.Figure:
         for tr in _part_traces(fit, term, plots.color(col - 1), term):
             tr.showlegend = False
             fig.add_trace(tr, row=1, col=col)
-        fig.update_xaxes(type="log", title_text=TERM_AXES[term][1] + " (log)", row=1, col=col)
+        fig.update_xaxes(type="log", title_text=TERM_AXES[term][1] + " (log)", row=1, col=col, **TERM_TICKS[term])
         fig.update_yaxes(type="log", row=1, col=col)
     fig.update_yaxes(title_text="part of the loss (nats/token, log)", row=1, col=1)
     fig.update_layout(title_text=f"The three parts of the fitted law ({fit.preset} fit, {fit.points.n} runs)", height=420)
