@@ -125,7 +125,8 @@ def stage_book(profile: str, stage: Path, only: list[str] | None = None) -> Path
         shutil.copy(REPO_ROOT / name, stage / name)
     shutil.copytree(REPO_ROOT / "book", stage / "book")
     shutil.copytree(vendor_assets(), stage / "book_assets")
-    shutil.copy(REPO_ROOT / "book" / "depthlib.css", stage / "book_assets" / "depthlib.css")
+    for name in ("depthlib.css", "mathjax2-shim.js"):   # the book's own small assets
+        shutil.copy(REPO_ROOT / "book" / name, stage / "book_assets" / name)
     chosen = set(notebook_paths(only))
     for path in notebook_paths():
         dst = stage / "notebooks" / path.name
