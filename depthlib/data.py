@@ -237,6 +237,8 @@ def load_model(name_or_path: str, *, dtype=None, device: str = "cpu"):
         if dtype not in ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
             raise InputError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype) or getattr(torch, dtype)
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"device {device!r} requested but torch sees no CUDA device")
     if not isinstance(name_or_path, str) or not name_or_path:
         raise InputError(f"model must be a registry name, folder or hub id, got {name_or_path!r}")
     _require("transformers", "pip install 'depthlib[models]'")
@@ -254,8 +256,9 @@ def load_model(name_or_path: str, *, dtype=None, device: str = "cpu"):
         with _quiet_transformers():
             tok = AutoTokenizer.from_pretrained(source)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    except OSError as err:
-        raise InputError(f"cannot load model {name_or_path!r}: {str(err).splitlines()[0]} "
+    except (OSError, ValueError) as err:  # missing files, no network, malformed hub id (HFValidationError)
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise InputError(f"cannot load model {name_or_path!r}: {first} "
                          "(no network? hub ids need the Hugging Face hub or a local copy)") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

