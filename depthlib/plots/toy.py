@@ -1,0 +1,176 @@
+"""Figures of the toy-regimes chapter (paper §4, Fig. 3b, 4a–c), built from the sweep's tidy tables only.
+
+* :func:`alpha_heatmap`         α_ℓ over (temperature, ρ), the paper's two edges ρ = 0 and ρ = 1 marked
+* :func:`loss_vs_depth_slider`  test loss against depth with the fitted power law, one slider step per (ρ, T)
+* :func:`alpha_vs_step`         α_ℓ against training step, a slider over temperature, one line per ρ
+* :func:`step_angle_profiles`   θ(h_l, h_{l+1}) against relative depth l/ℓ, a slider over (ρ, T)
+* :func:`middle_step_vs_depth`  mean middle-layer step angle against depth, with a 1/ℓ guide
+* :func:`update_angles`         mean θ(Δh_l, Δh_{l+1}) of students and teachers against ρ, π/2 and 0 marked
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from depthlib import plots
+from depthlib.toy import analysis
+
+
+def _cells(df: pd.DataFrame) -> list[tuple[float, float]]:
+    return sorted({(float(r), float(t)) for r, t in zip(df["rho"], df["temperature"])})
+
+
+def alpha_heatmap(alpha: pd.DataFrame, title: str = "Depth exponent α_ℓ over temperature and layer correlation"):
+    """Heat map of α_ℓ (table from :func:`analysis.final_alpha`): x = teacher temperature T, y = ρ."""
+    temps = sorted(alpha["temperature"].unique())
+    rhos = sorted(alpha["rho"].unique())
+    z = np.full((len(rhos), len(temps)), np.nan)
+    text = np.full(z.shape, "", dtype=object)
+    for r in alpha.itertuples():
+        i, j = rhos.index(r.rho), temps.index(r.temperature)
+        z[i, j] = r.alpha
+        text[i, j] = f"{r.alpha:.2f}"
+    fig = plots.new_figure(title, "teacher temperature T (log-spaced grid points)", "teacher layer correlation ρ")
+    fig.add_trace(go.Heatmap(x=list(range(len(temps))), y=list(range(len(rhos))), z=z, text=text,
+                             texttemplate="%{text}", colorscale=plots.HEAT, colorbar=dict(title="α_ℓ"),
+                             hovertemplate="T=%{customdata[0]}<br>ρ=%{customdata[1]}<br>α_ℓ=%{z:.3f}<extra></extra>",
+                             customdata=[[[f"{t:g}", f"{r:g}"] for t in temps] for r in rhos]))
+    fig.update_xaxes(tickmode="array", tickvals=list(range(len(temps))), ticktext=[f"{t:.3g}" for t in temps])
+    fig.update_yaxes(tickmode="array", tickvals=list(range(len(rhos))), ticktext=[f"{r:g}" for r in rhos])
+    edges = {0.0: "ρ = 0: independent teacher (paper: α_ℓ ≈ 1)", 1.0: "ρ = 1: tied teacher (paper: α_ℓ → 3 at high T)"}
+    for rho, label in edges.items():
+        if rho in rhos:
+            i = rhos.index(rho)
+            fig.add_shape(type="rect", x0=-0.46, x1=len(temps) - 0.54, y0=i - 0.42, y1=i + 0.42,
+                          line=dict(color="white", width=3, dash="dash"))
+            fig.add_annotation(x=len(temps) - 0.5, y=i + (0.5 if rho == 1.0 else -0.5), text=label, showarrow=False,
+                               xanchor="right", yanchor="bottom" if rho == 1.0 else "top",
+                               font=dict(size=11, color="#222"), bgcolor="rgba(255,255,255,0.75)")
+    fig.update_layout(height=max(380, 70 * len(rhos) + 200))
+    return fig
+
+
+def loss_vs_depth_slider(curves: pd.DataFrame, step: int | None = None):
+    """Final test loss against depth (log–log) with the fitted c·ℓ^(−α_ℓ), one slider step per (ρ, T)."""
+    step = int(curves["step"].max()) if step is None else step
+    df = curves[curves["step"] == step]
+    depths = sorted(df["depth"].unique())
+    fig = plots.new_figure("Test loss against depth", "student depth ℓ (blocks)",
+                           "test loss (KL, nats; MSE variants: squared error)", log_x=True, log_y=True)
+    labels, titles = [], []
+    summary = analysis.final_alpha(df)
+    for rho, temp in _cells(df):
+        g = df[(df["rho"] == rho) & (df["temperature"] == temp)]
+        for rep, gr in g.groupby("replicate"):
+            fig.add_trace(go.Scatter(x=gr["depth"], y=gr["test_loss"], mode="markers", visible=False,
+                                     marker=dict(color=plots.color(int(rep)), size=9),
+                                     name=f"replicate {rep}", showlegend=True))
+        mean = g.groupby("depth")["test_loss"].mean()
+        fit = analysis.fit_power_law(mean.index, mean.values)
+        x, y = plots.power_law_line(np.array(depths, float), fit["c"], fit["alpha"])
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", visible=False, line=dict(color="#444", dash="dash"),
+                                 name=f"fit: α_ℓ = {fit['alpha']:.2f}"))
+        row = summary[(summary["rho"] == rho) & (summary["temperature"] == temp)].iloc[0]
+        labels.append(f"ρ={rho:g}, T={temp:.3g}")
+        titles.append(f"Test loss against depth: ρ = {rho:g}, T = {temp:.3g}, α_ℓ = {row.alpha:.2f} "
+                      f"[{row.lo:.2f}, {row.hi:.2f}]")
+    n_rep = df["replicate"].nunique()
+    for tr in fig.data[: n_rep + 1]:
+        tr.visible = True
+    fig.update_layout(title_text=titles[0])
+    plots.add_slider(fig, plots.slider_steps(labels, n_rep + 1, titles=titles), prefix="")
+    fig.update_xaxes(**plots.log_ticks(depths))
+    return fig
+
+
+def alpha_vs_step(alpha_steps: pd.DataFrame):
+    """α_ℓ against training step, one line (with its interval band) per ρ; a slider over temperature."""
+    temps = sorted(alpha_steps["temperature"].unique())
+    rhos = sorted(alpha_steps["rho"].unique())
+    fig = plots.new_figure("α_ℓ during training", "training step", "depth exponent α_ℓ")
+    for temp in temps:
+        for i, rho in enumerate(rhos):
+            g = alpha_steps[(alpha_steps["rho"] == rho) & (alpha_steps["temperature"] == temp)].sort_values("step")
+            c = plots.color(i)
+            fig.add_trace(go.Scatter(x=np.r_[g["step"], g["step"][::-1]], y=np.r_[g["hi"], g["lo"][::-1]],
+                                     fill="toself", fillcolor=c, opacity=0.15, line=dict(width=0), hoverinfo="skip",
+                                     showlegend=False, visible=False))
+            fig.add_trace(go.Scatter(x=g["step"], y=g["alpha"], mode="lines+markers", line=dict(color=c),
+                                     name=f"ρ = {rho:g}", visible=False))
+    per = 2 * len(rhos)
+    for tr in fig.data[:per]:
+        tr.visible = True
+    for y, label in ((1.0, "α_ℓ = 1 (ensemble averaging)"), (3.0, "α_ℓ = 3 (procedural, converged)")):
+        fig.add_hline(y=y, line=dict(color="#999", dash="dot"), annotation_text=label,
+                      annotation_position="top left")
+    titles = [f"α_ℓ during training, T = {t:.3g}" for t in temps]
+    fig.update_layout(title_text=titles[0])
+    plots.add_slider(fig, plots.slider_steps([f"T={t:.3g}" for t in temps], per, titles=titles))
+    return fig
+
+
+def step_angle_profiles(sig: pd.DataFrame):
+    """θ(h_l, h_{l+1}) against relative depth (l + ½)/ℓ for every trained depth; slider over (ρ, T)."""
+    stu = sig[sig["net"] == "student"]
+    depths = sorted(stu["depth"].unique())
+    fig = plots.new_figure("Step angle per layer", "relative layer position (l + ½)/ℓ", "θ(h_l, h_l+1) (rad)",
+                           log_y=True)
+    labels = []
+    for rho, temp in _cells(stu):
+        g = stu[(stu["rho"] == rho) & (stu["temperature"] == temp)]
+        for i, d in enumerate(depths):
+            gd = g[g["depth"] == d]
+            fig.add_trace(go.Scatter(x=(gd["layer"] + 0.5) / d, y=gd["theta_step"], mode="lines+markers",
+                                     marker=dict(size=5), line=dict(color=plots.color(i)), name=f"ℓ = {d:g}",
+                                     visible=False))
+        labels.append(f"ρ={rho:g}, T={temp:.3g}")
+    for tr in fig.data[: len(depths)]:
+        tr.visible = True
+    titles = [f"Step angle per layer: {lab}" for lab in labels]
+    fig.update_layout(title_text=titles[0])
+    plots.add_slider(fig, plots.slider_steps(labels, len(depths), titles=titles))
+    return fig
+
+
+def middle_step_vs_depth(summary: pd.DataFrame):
+    """Mean middle-layer θ(h_l, h_{l+1}) against depth (log–log), one line per (ρ, T), with a 1/ℓ guide."""
+    stu = summary[summary["net"] == "student"]
+    depths = np.array(sorted(stu["depth"].unique()), float)
+    fig = plots.new_figure("Middle-layer step angle against depth", "student depth ℓ (blocks)",
+                           "mean middle-layer θ(h_l, h_l+1) (rad)", log_x=True, log_y=True)
+    rhos = sorted(stu["rho"].unique())
+    temps = sorted(stu["temperature"].unique())
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    for (rho, temp), g in stu.groupby(["rho", "temperature"]):
+        g = g.sort_values("depth")
+        fig.add_trace(go.Scatter(x=g["depth"], y=g["theta_step"], mode="lines+markers",
+                                 line=dict(color=plots.color(rhos.index(rho)), dash=dashes[temps.index(temp) % 4]),
+                                 name=f"ρ={rho:g}, T={temp:.3g} (slope {g['step_angle_slope'].iloc[0]:.2f})"))
+    top = float(stu["theta_step"].max())
+    x, y = plots.power_law_line(depths, top * depths.min(), 1.0)
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color="#999", dash="dot"), name="∝ 1/ℓ (guide)"))
+    fig.update_xaxes(**plots.log_ticks(depths))
+    return fig
+
+
+def update_angles(summary: pd.DataFrame):
+    """Mean middle-layer θ(Δh_l, Δh_{l+1}) against ρ: students (per depth) and the teachers themselves."""
+    fig = plots.new_figure("Angle between successive updates", "teacher layer correlation ρ",
+                           "mean middle-layer θ(Δh_l, Δh_l+1) (rad)")
+    stu = summary[summary["net"] == "student"]
+    for i, (d, g) in enumerate(stu.groupby("depth")):
+        g = g.groupby("rho", as_index=False)["theta_update"].mean()
+        fig.add_trace(go.Scatter(x=g["rho"], y=g["theta_update"], mode="lines+markers",
+                                 line=dict(color=plots.color(i)), name=f"student ℓ = {d:g} (mean over T)"))
+    tea = summary[summary["net"] == "teacher"].groupby("rho", as_index=False)["theta_update"].mean()
+    fig.add_trace(go.Scatter(x=tea["rho"], y=tea["theta_update"], mode="markers", name="teacher (ℓ* blocks)",
+                             marker=dict(symbol="x", size=12, color="#000")))
+    fig.add_hline(y=math.pi / 2, line=dict(color="#999", dash="dot"),
+                  annotation_text="π/2: ensemble averaging (LLMs)", annotation_position="bottom right")
+    fig.add_hline(y=0, line=dict(color="#999", dash="dot"), annotation_text="0: smooth, procedural",
+                  annotation_position="top left")
+    fig.update_yaxes(range=[-0.1, 1.8])
+    return fig

@@ -1,0 +1,283 @@
+"""Profiles and resumable, cached toy sweeps (paper §4.5; issue 3 "Honest scale").
+
+A sweep trains every (ρ, T) cell × replicate × depth in one :class:`~depthlib.toy.engine.BatchedStudents`
+and writes, as it goes, one tidy table per evaluation step (``curve_0001000`` ...: rho, temperature,
+replicate, depth, step, train_loss, test_loss) plus a checkpoint. Re-running the same config resumes from
+the last checkpoint without redoing finished steps; a complete run is simply loaded from the cache.
+At the end it writes ``curves`` (all steps), ``alpha`` (final α_ℓ per cell), ``alpha_steps`` (α_ℓ per
+step) and ``signatures`` (hidden-state signatures of the trained students and of the teachers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from depthlib import results
+from depthlib.errors import InputError
+from depthlib.toy import analysis
+from depthlib.toy.engine import BatchedStudents, StudentSpec, resolve_device
+from depthlib.toy.models import ResidualNet, ToyShape, derive_seed, make_teacher, teacher_module, variant
+
+EXPERIMENT = "toy"
+PAPER_TEMPERATURES = tuple(float(f"{t:.4g}") for t in np.logspace(-2, 0, 16))  # spec §4.2
+
+
+def grid(rhos, temperatures) -> tuple[tuple[float, float], ...]:
+    return tuple((float(r), float(t)) for r in rhos for t in temperatures)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One sweep. Everything here enters the results-cache key; ``chunk``/device do not change numbers."""
+
+    profile: str
+    variant: str = "exp-9"                     # training variant (models.VARIANTS)
+    cells: tuple = grid((0.0, 1.0), (1.0,))    # (ρ, T) pairs trained
+    depths: tuple = (6, 12, 16, 24, 32, 48)    # student depths ℓ (the paper's)
+    replicates: int = 3                        # independent teachers per ρ (paper: 3)
+    steps: int = 40_000                        # optimiser steps (paper: 40k for exp-9/9-1)
+    batch: int = 1024                          # fresh Gaussian inputs per step (paper: 1024)
+    eval_every: int = 500                      # test-loss interval (paper: 500 in the curve variants)
+    eval_batches: int = 10                     # held-out batches per evaluation (paper: 10 × 1024)
+    eval_batch_size: int = 1024
+    teacher_depth: int = 128                   # ℓ* (paper: 128)
+    d_model: int = 32                          # toy width m (paper: 32)
+    signature_inputs: int = 512                # inputs used for the hidden-state signatures
+    seed: int = 0
+
+    def shape(self) -> ToyShape:
+        return ToyShape(d_model=self.d_model, d_mlp=4 * self.d_model, teacher_depth=self.teacher_depth)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["cells"] = [list(c) for c in self.cells]
+        d["depths"] = list(self.depths)
+        return d
+
+    @property
+    def n_students(self) -> int:
+        return len(self.cells) * self.replicates * len(self.depths)
+
+    def validate(self) -> "SweepConfig":
+        for rho, t in self.cells:
+            if not 0.0 <= rho <= 1.0:
+                raise InputError(f"rho must be in [0, 1], got {rho}")
+            if not t > 0:
+                raise InputError(f"temperature must be > 0, got {t}")
+        if not self.depths or min(self.depths) < 1:
+            raise InputError(f"depths must be positive integers, got {list(self.depths)}")
+        if self.steps < 1 or self.batch < 1 or self.replicates < 1 or self.eval_every < 1:
+            raise InputError("steps, batch, replicates and eval_every must be >= 1")
+        variant(self.variant)
+        return self
+
+
+#: smoke: seconds, proves the code path (numbers meaningless). cpu: the reduced sweep sized for `make book`'s
+#: 20-minute budget on 2 idle cores (8.6 GFLOP/step × 10k steps at ≈ 100 GFLOP/s; several times longer on a busy
+#: machine): 3 ρ × 2 T, 4 depths over 3 octaves, batch 256, final lr decay (toy-performance.md §4: the decay is
+#: the single most important change at a small budget). paper: exp-9 + exp-9-1 (ρ ∈ {0, 1},
+#: 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ grid at three temperatures.
+PROFILES: dict[str, SweepConfig] = {
+    "smoke": SweepConfig("smoke", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(2, 4, 8),
+                         replicates=1, steps=60, batch=64, eval_every=20, eval_batches=2, eval_batch_size=256,
+                         teacher_depth=16, signature_inputs=128),
+    "cpu": SweepConfig("cpu", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(6, 12, 24, 48),
+                       replicates=1, steps=10_000, batch=256, eval_every=1_000),
+    "paper": SweepConfig("paper", variant="exp-9",
+                         cells=grid((0.0, 1.0), PAPER_TEMPERATURES)
+                         + grid((0.25, 0.5, 0.75, 0.9), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),  # 0.01, 0.117, 1
+                         replicates=3, steps=40_000, batch=1024, eval_every=500),
+}
+
+
+def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, depths=None, steps=None,
+                   replicates=None, **overrides) -> SweepConfig:
+    """A profile's config, optionally overridden (then labelled ``custom``: never shown by the book)."""
+    if profile not in PROFILES:
+        raise InputError(f"unknown profile {profile!r} (have {', '.join(PROFILES)})")
+    cfg = PROFILES[profile]
+    changes = dict(overrides)
+    if rhos is not None or temperatures is not None:
+        r = rhos if rhos is not None else sorted({c[0] for c in cfg.cells})
+        t = temperatures if temperatures is not None else sorted({c[1] for c in cfg.cells})
+        changes["cells"] = grid(r, t)
+    if depths is not None:
+        changes["depths"] = tuple(int(d) for d in depths)
+    if steps is not None:
+        changes["steps"] = int(steps)
+        changes["eval_every"] = min(cfg.eval_every, max(1, int(steps)))
+    if replicates is not None:
+        changes["replicates"] = int(replicates)
+    if changes:
+        cfg = dataclasses.replace(cfg, profile="custom", **changes)
+    return cfg.validate()
+
+
+# ---- building the engine -------------------------------------------------------------------------------
+def build_engine(cfg: SweepConfig, device: str = "cpu", chunk: int | None = None,
+                 allow_tf32: bool = False) -> tuple[BatchedStudents, pd.DataFrame, list]:
+    """The engine for a sweep, the table of its students (caller's order) and its teachers."""
+    shape, train = cfg.shape(), variant(cfg.variant)
+    rhos = sorted({c[0] for c in cfg.cells})
+    teachers, streams, t_index = [], [], {}
+    for r in range(cfg.replicates):
+        for rho in rhos:
+            t_index[(r, rho)] = len(teachers)
+            teachers.append(make_teacher(rho, derive_seed(cfg.seed, "teacher", r), shape))
+            streams.append(r)
+    specs, rows = [], []
+    for rho, temp in cfg.cells:
+        for r in range(cfg.replicates):
+            for depth in cfg.depths:
+                specs.append(StudentSpec(t_index[(r, rho)], temp, int(depth),
+                                         derive_seed(cfg.seed, "student", r, int(depth))))
+                rows.append({"rho": rho, "temperature": temp, "replicate": r, "depth": int(depth)})
+    dev = resolve_device(device)
+    if chunk is None:
+        chunk = 4 if dev.type == "cpu" else 0      # CPU: cache blocking (toy-performance.md §3); GPU: all at once
+    eng = BatchedStudents(teachers, specs, train, cfg.steps, streams=streams,
+                          data_seeds=[derive_seed(cfg.seed, "data", r) for r in range(cfg.replicates)],
+                          test_seeds=[derive_seed(cfg.seed, "test", r) for r in range(cfg.replicates)],
+                          batch=cfg.batch, eval_batches=cfg.eval_batches, eval_batch_size=cfg.eval_batch_size,
+                          shape=shape, device=str(dev), chunk=chunk, allow_tf32=allow_tf32)
+    return eng, pd.DataFrame(rows), teachers
+
+
+def _save_checkpoint(run: results.Run, eng: BatchedStudents, train_sum: torch.Tensor, n_sum: int) -> None:
+    path = run.path / "checkpoint.pt"
+    tmp = run.path / f"checkpoint.pt.tmp{os.getpid()}"
+    torch.save({"engine": eng.state_dict(), "train_sum": train_sum.cpu(), "n_sum": n_sum}, tmp)
+    os.replace(tmp, path)
+
+
+def open_sweep_run(cfg: SweepConfig, allow_tf32: bool = False, root=None) -> results.Run:
+    """The results-cache folder of a sweep (complete or not)."""
+    config = cfg.validate().to_dict()
+    if allow_tf32:
+        config["tf32"] = True                                  # TF32 changes the numbers: its own cache entry
+    return results.open_run(EXPERIMENT, config, root=root)
+
+
+def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, chunk: int | None = None,
+              allow_tf32: bool = False, stop_at_step: int | None = None, checkpoint_every: int | None = None,
+              root=None) -> results.Run | None:
+    """Run (or resume, or load) a sweep; returns the complete run.
+
+    A checkpoint (weights, Adam moments, generator states) is saved every ``checkpoint_every`` steps (default:
+    every evaluation on the CPU; every 10th on CUDA, where a checkpoint of a paper sweep is ~2 GB); a resumed
+    run restarts from the last one, and recomputes identically the few evaluations after it, if any.
+    ``stop_at_step`` interrupts the run after the evaluation at that step (for tests) and returns None."""
+    run = open_sweep_run(cfg, allow_tf32, root)
+    if run.complete:
+        return run
+    t_start = time.perf_counter()
+    eng, students, teachers = build_engine(cfg, device, chunk, allow_tf32)
+    if checkpoint_every is None:
+        checkpoint_every = cfg.eval_every * (1 if eng.device.type == "cpu" else 10)
+    train_sum, n_sum = torch.zeros(eng.K, dtype=torch.float64, device=eng.device), 0
+    ckpt = run.path / "checkpoint.pt"
+    start = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        eng.load_state_dict(state["engine"])
+        train_sum, n_sum = state["train_sum"].to(eng.device), state["n_sum"]
+        start = eng.step_count
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=cfg.steps, initial=start, desc=f"toy {cfg.profile} ({eng.K} students)", unit="step",
+                   file=sys.stderr, dynamic_ncols=True)
+    t_loop = time.perf_counter()
+    for step in range(start, cfg.steps):
+        train_sum += eng.step().double()
+        n_sum += 1
+        done = step + 1
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            test = eng.evaluate().cpu().numpy()
+            table = students.assign(step=done, train_loss=(train_sum / n_sum).cpu().numpy(), test_loss=test)
+            run.write_table(f"curve_{done:07d}", table)
+            train_sum.zero_()
+            n_sum = 0
+            if done % checkpoint_every == 0 or done == cfg.steps or done == stop_at_step:
+                _save_checkpoint(run, eng, train_sum, n_sum)
+            if stop_at_step is not None and done >= stop_at_step:
+                if bar is not None:
+                    bar.close()
+                return None
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    loop_s = time.perf_counter() - t_loop
+    trained = cfg.steps - start
+    curves = pd.concat([run.table(n) for n in run.tables("curve_")], ignore_index=True)
+    run.write_table("curves", curves)
+    run.write_table("alpha", analysis.final_alpha(curves))
+    run.write_table("alpha_steps", analysis.alpha_table(curves))
+    run.write_table("signatures", student_signatures(eng, students, teachers, cfg))
+    throughput = {"steps_trained_this_call": trained, "resumed_from_step": start,
+                  "model_steps_per_s": round(eng.K * trained / loop_s, 3) if trained else None,
+                  "gflop_per_s": round(eng.flops_per_step() * trained / loop_s / 1e9, 2) if trained else None,
+                  "flop_total": eng.flops_per_step() * cfg.steps,
+                  "torch_threads": torch.get_num_threads()}
+    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=time.perf_counter() - t_start, device=str(eng.device),
+               n_students=eng.K, **throughput)
+    ckpt.unlink(missing_ok=True)
+    return run
+
+
+def student_signatures(eng: BatchedStudents, students: pd.DataFrame, teachers: list, cfg: SweepConfig) -> pd.DataFrame:
+    """Signatures of every trained student of replicate 0 and of replicate 0's teachers (tidy table)."""
+    shape, train = cfg.shape(), variant(cfg.variant)
+    g = torch.Generator().manual_seed(derive_seed(cfg.seed, "signature"))
+    x = torch.randn((cfg.signature_inputs, shape.d_model), generator=g)
+    head = "none" if train.head == "none" else train.head
+    parts = []
+    with torch.no_grad():
+        for k, row in students.iterrows():
+            if row["replicate"] != 0:
+                continue
+            net = ResidualNet.from_weights(eng.export_student(k), shape, train.block, head)
+            sig = analysis.signatures(net.hidden(x, all_states=True))
+            parts.append(sig.assign(net="student", rho=row["rho"], temperature=row["temperature"],
+                                    replicate=0, depth=row["depth"]))
+        for i, t in enumerate(teachers):
+            if eng.streams[i] != 0:
+                continue
+            sig = analysis.signatures(teacher_module(t, shape).hidden(x, all_states=True))
+            parts.append(sig.assign(net="teacher", rho=t.rho, temperature=np.nan, replicate=0, depth=t.depth))
+    return pd.concat(parts, ignore_index=True)
+
+
+def load_or_run(profile: str = "smoke", device: str = "cpu", progress: bool = False) -> results.Run:
+    """The run a chapter shows for ``profile``: ``smoke`` shows a smoke run only (so the committed notebook
+    outputs are reproducible); ``cpu`` shows the best of paper > cpu; ``paper`` a paper run. A committed run
+    (``data/results``) beats a local one. If none exists, run the profile now (cached, resumable)."""
+    rank = results.PROFILE_RANK
+    if profile not in rank:
+        raise InputError(f"unknown profile {profile!r} (have {', '.join(rank)})")
+    allowed = ("smoke",) if profile == "smoke" else rank[: rank.index(profile) + 1]
+    best = results.best_run(EXPERIMENT, profiles=allowed)
+    if best is not None:
+        return best
+    return run_sweep(PROFILES[profile], device, progress=progress)
+
+
+def describe(run: results.Run) -> dict:
+    """Provenance and settings of a run, for the chapter's text."""
+    m = run.manifest
+    c = m.get("config", {})
+    return {"profile": m.get("profile"), "device": m.get("device"), "date": m.get("created"),
+            "commit": m.get("git_sha"), "variant": c.get("variant"), "steps": c.get("steps"),
+            "batch": c.get("batch"), "depths": c.get("depths"), "replicates": c.get("replicates"),
+            "rhos": sorted({cell[0] for cell in c.get("cells", [])}),
+            "temperatures": sorted({cell[1] for cell in c.get("cells", [])}),
+            "teacher_depth": c.get("teacher_depth"), "flop": m.get("flop_total"),
+            "wall_time_s": m.get("wall_time_s")}

@@ -1,0 +1,226 @@
+"""Toy teacher-student engine (issue 3; paper §4): teachers, batched training, fits, resume, CLI.
+
+Everything runs on tiny settings (teacher depth 16, small batches); the whole file takes seconds on a CPU.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from depthlib import cli
+from depthlib.errors import InputError
+from depthlib.toy import analysis, sweep
+from depthlib.toy.engine import BatchedStudents, StudentSpec
+from depthlib.toy.models import (ResidualNet, ToyShape, derive_seed, init_student, make_teacher, rms_norm,
+                                 variant)
+from depthlib.toy.reference import train_alone
+
+SHAPE = ToyShape(teacher_depth=8)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+# ---- teachers ------------------------------------------------------------------------------------------
+def test_rho_edges_are_the_papers_teachers():
+    """ρ=0: independent U(±1/√fan_in) draws per layer; ρ=1: the same tensors in every layer (spec §4.2)."""
+    L = 128
+    indep, tied = make_teacher(0.0, 3), make_teacher(1.0, 3)
+    d, H = 32, 128
+    # tied: identical tensors across layers, after the 1/√ℓ* scaling of W_down
+    for name in ("W_up", "b_up", "W_down"):
+        w = getattr(tied, name)
+        assert all(torch.equal(w[0], w[l]) for l in range(L)), name
+    # independent: every layer differs, draws are uniform with PyTorch's nn.Linear bounds
+    assert not torch.equal(indep.W_up[0], indep.W_up[1])
+    assert indep.W_up.abs().max() <= 1 / math.sqrt(d)
+    assert indep.b_up.abs().max() <= 1 / math.sqrt(d)
+    assert indep.W_down.abs().max() <= 1 / math.sqrt(H) / math.sqrt(L)
+    assert indep.W_down.abs().max() > 0.95 / math.sqrt(H) / math.sqrt(L)   # the scaling is 1/√ℓ*, not more
+    var_uniform = 1 / (3 * d)                                              # Var U(−a, a) = a²/3
+    assert abs(indep.W_up.var().item() / var_uniform - 1) < 0.01
+    # same raw draws: ρ only mixes them, the head is shared
+    assert torch.equal(indep.head, tied.head)
+    assert torch.equal(make_teacher(0.0, 3).W_up, indep.W_up)              # seeded: reproducible
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.3, 0.7, 1.0])
+def test_intermediate_rho_correlation_and_variance(rho):
+    """Neighbouring layers correlate by ρ; the per-entry variance stays 1/(3·fan_in) (pooled over 6 teachers,
+    because one teacher's shared draw is a single sample of 4096 entries)."""
+    corrs, rel_vars = [], []
+    for seed in range(6):
+        w = make_teacher(rho, seed).W_up.reshape(128, -1)                  # (layers, entries)
+        corrs.append(np.mean([np.corrcoef(w[l], w[l + 1])[0, 1] for l in range(127)]))
+        rel_vars.append(w.var().item() * 3 * 32)
+    assert abs(np.mean(corrs) - rho) < 0.02
+    assert abs(np.mean(rel_vars) - 1) < 0.02
+
+
+def test_bad_rho_is_input_error():
+    with pytest.raises(InputError):
+        make_teacher(1.2, 0)
+    with pytest.raises(InputError):
+        sweep.profile_config("smoke", rhos=[-0.1])
+
+
+# ---- students -------------------------------------------------------------------------------------------
+def test_zero_w_down_student_is_identity():
+    train = variant("exp-9")
+    w = init_student(7, 0, train, SHAPE)
+    x = torch.randn(64, 32)
+    states = ResidualNet.from_weights(w, SHAPE).hidden(x, all_states=True)
+    assert torch.equal(states[0], rms_norm(x))
+    assert all(torch.equal(states[0], s) for s in states)
+    # masking: a trained student padded with zero-W_down blocks computes the same function
+    w.W_down.normal_(0, 0.05)
+    net = ResidualNet.from_weights(w, SHAPE)
+    pad = init_student(10, 1, train, SHAPE)
+    pad.W_up[:7], pad.b_up[:7], pad.W_down[:7] = w.W_up, w.b_up, w.W_down
+    assert torch.equal(net.hidden(x), ResidualNet.from_weights(pad, SHAPE).hidden(x))
+
+
+def _specs(depths=(1, 2, 4), temps=(1.0, 0.1)):
+    return [StudentSpec(t, T, d, derive_seed(0, "s", d)) for t in (0, 1) for T in temps for d in depths]
+
+
+@pytest.mark.parametrize("name,steps,check", [("exp-9", 200, (2, 7, 11)), ("exp-9-decay", 50, (2, 9)),
+                                               ("exp-9-3", 50, (2, 9)), ("exp-9-2", 50, (2, 9)),
+                                               ("exp-9-4", 50, (2, 9))])
+def test_batched_equals_alone(name, steps, check):
+    """Batched (chunks of 4, mixed depths, shared teachers) == engine with one student == plain autograd loop.
+
+    Tolerances: batched vs engine-alone agree to 1e-6 relative (same arithmetic, only the batching differs);
+    vs the plain nn.Module + torch.optim.Adam loop to 2e-5 relative over every step (measured ≤ 4e-6:
+    fp32 rounding differences; toy-performance.md shows they stay at this level for shallow students).
+    """
+    train = variant(name)
+    teachers = [make_teacher(0.0, 1, SHAPE), make_teacher(1.0, 1, SHAPE)]
+    specs = _specs()
+    B = 48
+    eng = BatchedStudents(teachers, specs, train, steps, data_seeds=[7], batch=B, chunk=4, shape=SHAPE)
+    batched = torch.stack([eng.step() for _ in range(steps)]).double()     # (steps, K)
+    for k in check:
+        alone = BatchedStudents(teachers, [specs[k]], train, steps, data_seeds=[7], batch=B, shape=SHAPE)
+        a = torch.stack([alone.step()[0] for _ in range(steps)]).double()
+        torch.testing.assert_close(batched[:, k], a, rtol=1e-6, atol=0)
+        ref, _ = train_alone(teachers[specs[k].teacher], specs[k], train, steps, B, 7, SHAPE)
+        torch.testing.assert_close(batched[:, k], torch.tensor(ref, dtype=torch.float64), rtol=2e-5, atol=0)
+    assert batched[-1].mean() < batched[0].mean()                          # it learns
+
+
+def test_engine_is_bit_reproducible_and_evaluates():
+    train = variant("exp-9")
+    teachers = [make_teacher(0.5, 2, SHAPE)]
+    specs = [StudentSpec(0, 0.3, d, derive_seed(1, d)) for d in (1, 4)]
+    runs = []
+    for _ in range(2):
+        eng = BatchedStudents(teachers, specs, train, 30, batch=32, eval_batches=2, eval_batch_size=64, shape=SHAPE)
+        losses = torch.stack([eng.step() for _ in range(30)])
+        runs.append((losses, eng.evaluate(), eng.P.clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][2], runs[1][2])
+    assert torch.equal(runs[0][1], runs[1][1]) and runs[0][1].shape == (2,)
+
+
+# ---- analysis -------------------------------------------------------------------------------------------
+def test_alpha_fit_recovers_known_exponent():
+    rng = np.random.default_rng(0)
+    depths = np.array([6, 12, 16, 24, 32, 48])
+    rows = []
+    for r in range(3):
+        losses = 2.5 * depths ** -1.3 * np.exp(rng.normal(0, 0.02, len(depths)))
+        rows += [{"rho": 1.0, "temperature": 0.5, "replicate": r, "step": 100, "depth": d, "test_loss": l}
+                 for d, l in zip(depths, losses)]
+    df = pd.DataFrame(rows)
+    exact = analysis.fit_power_law(depths, 2.5 * depths ** -1.3)
+    assert exact["alpha"] == pytest.approx(1.3, abs=1e-12) and exact["c"] == pytest.approx(2.5)
+    summary = analysis.final_alpha(df)
+    assert summary["alpha"].iloc[0] == pytest.approx(1.3, abs=0.05)
+    assert summary["lo"].iloc[0] < 1.3 < summary["hi"].iloc[0]
+    # a subset of depths and a single replicate still work
+    one = analysis.final_alpha(df[df.replicate == 0], depths=[6, 24, 48])
+    assert one["alpha"].iloc[0] == pytest.approx(1.3, abs=0.1)
+    with pytest.raises(InputError):
+        analysis.alpha_table(df, depths=[6])
+
+
+def test_signatures_of_straight_and_random_walks():
+    torch.manual_seed(0)
+    h0 = torch.randn(50, 32)
+    v = torch.randn(50, 32) * 0.1
+    straight = torch.stack([h0 + l * v for l in range(9)])
+    s = analysis.signatures(straight)
+    assert np.allclose(s["theta_update"].iloc[:-1], 0, atol=1e-6)
+    walk = torch.cumsum(torch.randn(200, 50, 512) * 0.01, 0)
+    s = analysis.signatures(walk)
+    assert abs(s["theta_update"].iloc[:-1].mean() - math.pi / 2) < 0.05
+    assert len(s) == 199 and np.isnan(s["theta_update"].iloc[-1])
+
+
+# ---- sweeps: cache and resume ---------------------------------------------------------------------------
+TINY = sweep.SweepConfig("smoke", variant="exp-9-decay", cells=sweep.grid((0.0, 1.0), (1.0,)), depths=(1, 2, 4),
+                         replicates=2, steps=30, batch=32, eval_every=10, eval_batches=2, eval_batch_size=64,
+                         teacher_depth=8, signature_inputs=32)
+
+
+def test_resume_does_not_redo_finished_work(tmp_path):
+    full = sweep.run_sweep(TINY, root=tmp_path / "a", progress=False)
+    assert full.manifest["steps_trained_this_call"] == 30
+    assert sweep.run_sweep(TINY, root=tmp_path / "b", progress=False, stop_at_step=20) is None
+    resumed = sweep.run_sweep(TINY, root=tmp_path / "b", progress=False)
+    assert resumed.manifest["resumed_from_step"] == 20
+    assert resumed.manifest["steps_trained_this_call"] == 10
+    pd.testing.assert_frame_equal(full.table("curves"), resumed.table("curves"))   # bit for bit
+    again = sweep.run_sweep(TINY, root=tmp_path / "b", progress=False)           # complete: loaded
+    assert again.manifest == resumed.manifest
+    curves = full.table("curves")
+    assert set(curves.columns) >= {"rho", "temperature", "replicate", "depth", "step", "train_loss", "test_loss"}
+    assert sorted(curves["step"].unique()) == [10, 20, 30] and len(curves) == 3 * 2 * 2 * 3
+    alpha = full.table("alpha")
+    assert len(alpha) == 2 and alpha["n_replicates"].eq(2).all()
+    sig = full.table("signatures")
+    assert set(sig["net"]) == {"student", "teacher"}
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["--rho", "1.5"], ["--rho", "-0.2"], ["--temperature", "0"], ["--depths", "0"],
+                                  ["--steps", "0"], ["--device", "tpu"], ["--variant", "exp-42"],
+                                  ["--profile", "huge"]])
+def test_cli_bad_input_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) if argv[0] == "--profile" else _nullcontext():
+        assert cli.main(["toy", *argv]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present")
+def test_cli_cuda_absent_exit_2(capsys):
+    assert cli.main(["toy", "--device", "cuda"]) == 2
+    assert "cuda" in capsys.readouterr().err.lower()
+
+
+def test_cli_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    assert cli.main(["toy", "--steps", "8", "--depths", "1", "2", "--rho", "0", "1", "--temperature", "1",
+                     "--threads", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["profile"] == "custom" and not out["meaningful"]
+    assert [a["rho"] for a in out["alpha"]] == [0.0, 1.0]
+    assert out["throughput"]["model_steps_per_s"] > 0
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
