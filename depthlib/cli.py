@@ -98,6 +98,9 @@ def _add_toy(sub) -> None:
     p.add_argument("--depths", type=int, nargs="+", default=None, metavar="L", help="student depths")
     p.add_argument("--steps", type=int, default=None, metavar="N", help="training steps")
     p.add_argument("--replicates", type=int, default=None, metavar="R", help="independent teachers per ρ")
+    p.add_argument("--variant", default=None,
+                   help="training variant: exp-9 (KL, constant lr), exp-9-decay, exp-9-3 (fixed head), "
+                        "exp-9-2 (MSE), exp-9-4 (RK2 students)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (changes the numbers)")
@@ -119,24 +122,35 @@ def _cmd_toy(args) -> dict[str, Any]:
         raise InputError(f"--steps must be >= 1, got {args.steps}")
     engine.resolve_device(args.device)
     cfg = sweep.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature, depths=args.depths,
-                               steps=args.steps, replicates=args.replicates)
+                               steps=args.steps, replicates=args.replicates,
+                               **({"variant": args.variant} if args.variant else {}))
     cached = sweep.open_sweep_run(cfg, args.tf32).complete
     run = sweep.run_sweep(cfg, args.device, progress=True, allow_tf32=args.tf32)
     m = run.manifest
     alpha = run.table("alpha")
-    return {
+    out = {
         "profile": cfg.profile,
         "meaningful": args.profile != "smoke",
         "device": m.get("device"),
         "students": m.get("n_students"),
         "steps": cfg.steps, "batch": cfg.batch, "depths": list(cfg.depths),
-        "alpha": [{"rho": r.rho, "temperature": r.temperature, "alpha": round(float(r.alpha), 3),
-                   "lo": round(float(r.lo), 3), "hi": round(float(r.hi), 3)} for r in alpha.itertuples()],
+        "alpha": [{"rho": r.rho, "temperature": r.temperature, "alpha": _round_or_none(r.alpha),
+                   "lo": _round_or_none(r.lo), "hi": _round_or_none(r.hi)} for r in alpha.itertuples()],
         "interval": str(alpha["interval"].iloc[0]),
         "throughput": {"model_steps_per_s": m.get("model_steps_per_s"), "gflop_per_s": m.get("gflop_per_s"),
                        "wall_time_s": m.get("wall_time_s"), "loaded_from_cache": cached},
         "run": str(run.path),
     }
+    if not args.json:  # a readable table: one line per (ρ, T)
+        out["alpha"] = {f"rho={a['rho']:g}, T={a['temperature']:.3g}": f"{a['alpha']} [{a['lo']}, {a['hi']}]"
+                        for a in out["alpha"]}
+    return out
+
+
+def _round_or_none(x: float, digits: int = 3):
+    """Rounded float, or None (JSON null) where a fit is undefined (e.g. no interval from two depths)."""
+    import math
+    return None if x is None or not math.isfinite(float(x)) else round(float(x), digits)
 
 
 # ---- probe (issue 4) -------------------------------------------------------------------------------
@@ -217,6 +231,8 @@ def _cmd_trace(args) -> dict[str, Any]:
         import torch
         if not torch.cuda.is_available():
             raise InputError(f"--device {args.device}: CUDA is not available here")
+    if not args.subject.strip() or args.subject.lower() not in args.prompt.lower():
+        raise InputError(f"subject {args.subject!r} not found in the prompt {args.prompt!r}")
     from depthlib import tracing
     from depthlib.data import load_model
     if args.noise not in tracing.NOISE_PRESETS:
