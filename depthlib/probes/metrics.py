@@ -24,17 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from depthlib.measures import angle_between  # noqa: F401  (re-exported: the probes' angle)
+
 METRICS = ("theta", "theta_dh", "norms", "angle_to_end", "progress")
-_EPS = 1e-12
-
-
-def angle_between(a: torch.Tensor, b: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """θ(a, b) = arccos(clamp(cos(a, b), −1, 1)) in fp32, along ``dim`` (radians; 0 when a or b is zero)."""
-    a, b = a.float(), b.float()
-    dot = (a * b).sum(dim)
-    denom = a.norm(dim=dim) * b.norm(dim=dim)
-    cos = torch.where(denom > 0, dot / denom.clamp_min(_EPS), torch.ones_like(dot))
-    return torch.arccos(cos.clamp(-1.0, 1.0))
 
 
 def valid_mask(attention_mask: torch.Tensor) -> torch.Tensor:

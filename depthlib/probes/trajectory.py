@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from depthlib.errors import InputError
+from depthlib.measures import fit_power_law
 from depthlib.probes.metrics import middle_layers
 
 
@@ -106,9 +107,7 @@ def small_cluster_tokens(tokens: pd.DataFrame, analysis: TrajectoryAnalysis) -> 
 
 def fit_depth_exponent(depths, middle_angles) -> dict:
     """Least-squares fit of ⟨θ⟩_mid = c · ℓ^(−α) in log–log space (paper Result 1 expects α ≈ 1)."""
-    x = np.log(np.asarray(depths, dtype=float))
-    y = np.log(np.asarray(middle_angles, dtype=float))
-    if len(x) < 2 or np.ptp(x) == 0:
+    fit = fit_power_law(depths, middle_angles)
+    if fit["n"] < 2 or not np.isfinite(fit["alpha"]):
         raise InputError("the depth fit needs at least two models of different depth")
-    slope, intercept = np.polyfit(x, y, 1)
-    return dict(alpha=float(-slope), coefficient=float(np.exp(intercept)), n_models=int(len(x)))
+    return dict(alpha=fit["alpha"], coefficient=fit["c"], n_models=fit["n"])

@@ -18,24 +18,9 @@ import pandas as pd
 import torch
 
 from depthlib.errors import InputError
+from depthlib.measures import angle_between, fit_power_law
 
 CELL = ["rho", "temperature"]
-
-
-def fit_power_law(depths: Sequence[float], losses: Sequence[float]) -> dict:
-    """Fit log L = log c − α log ℓ. Returns α, c, the SE of α, and the number of points."""
-    x = np.log(np.asarray(depths, dtype=float))
-    y = np.log(np.asarray(losses, dtype=float))
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    n = len(x)
-    if n < 2 or np.ptp(x) == 0:
-        return {"alpha": np.nan, "c": np.nan, "alpha_se": np.nan, "n_depths": n}
-    A = np.vstack([np.ones(n), x]).T
-    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
-    resid = y - A @ coef
-    se = math.sqrt(resid @ resid / (n - 2) / np.sum((x - x.mean()) ** 2)) if n > 2 else np.nan
-    return {"alpha": -coef[1], "c": math.exp(coef[0]), "alpha_se": se, "n_depths": n}
 
 
 def alpha_per_replicate(df: pd.DataFrame, depths: Iterable[int] | None = None,
@@ -92,13 +77,6 @@ def final_alpha(curves: pd.DataFrame, depths: Iterable[int] | None = None) -> pd
 
 
 # ---- hidden-state signatures ---------------------------------------------------------------------------
-def angle(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Angle in radians between vectors along the last axis (fp64 cosine, clipped)."""
-    a, b = a.double(), b.double()
-    cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-300)
-    return torch.arccos(cos.clamp(-1.0, 1.0))
-
-
 def signatures(states: torch.Tensor) -> pd.DataFrame:
     """Per-layer signatures of a residual stream ``states`` (ℓ+1, B, d), averaged over the B inputs.
 
@@ -107,12 +85,12 @@ def signatures(states: torch.Tensor) -> pd.DataFrame:
     """
     h = states.double()
     dh = h[1:] - h[:-1]                                                   # (ℓ, B, d)
-    theta_step = angle(h[:-1], h[1:]).mean(-1)
+    theta_step = angle_between(h[:-1], h[1:]).mean(-1)
     step_norm = dh.norm(dim=-1).mean(-1)
     rel = (dh.norm(dim=-1) / h[:-1].norm(dim=-1)).mean(-1)
     upd = torch.full_like(step_norm, float("nan"))
     if dh.shape[0] > 1:
-        upd[:-1] = angle(dh[:-1], dh[1:]).mean(-1)
+        upd[:-1] = angle_between(dh[:-1], dh[1:]).mean(-1)
     return pd.DataFrame({"layer": np.arange(dh.shape[0]), "theta_step": theta_step.numpy(),
                          "step_norm": step_norm.numpy(), "rel_step": rel.numpy(), "theta_update": upd.numpy()})
 

@@ -1,0 +1,45 @@
+"""Measurements shared by the chapters: angles between vectors and log–log power-law fits.
+
+The LLM probes (paper §2) and the toy students' signatures (§4) use the same angle θ(a, b), and the
+toy α_ℓ fits and the middle-angle-vs-depth fit use the same power law, so each is written once here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+_EPS = 1e-12
+
+
+def angle_between(a: torch.Tensor, b: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """θ(a, b) = arccos(clamp(cos(a, b), −1, 1)) along ``dim``, in radians (0 when a or b is zero).
+
+    Computed in at least fp32 (bf16/fp16 inputs are promoted: a bf16 cosine near 1 cannot resolve angles
+    below ≈ 0.09 rad); fp64 inputs stay fp64.
+    """
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    a, b = a.to(dtype), b.to(dtype)
+    dot = (a * b).sum(dim)
+    denom = a.norm(dim=dim) * b.norm(dim=dim)
+    cos = torch.where(denom > 0, dot / denom.clamp_min(_EPS), torch.ones_like(dot))
+    return torch.arccos(cos.clamp(-1.0, 1.0))
+
+
+def fit_power_law(x: Sequence[float], y: Sequence[float]) -> dict:
+    """Least-squares fit of log y = log c − α log x. Returns α, c, the SE of α and the number of points
+    (NaNs when fewer than two distinct finite points)."""
+    lx = np.log(np.asarray(x, dtype=float))
+    ly = np.log(np.asarray(y, dtype=float))
+    ok = np.isfinite(lx) & np.isfinite(ly)
+    lx, ly = lx[ok], ly[ok]
+    n = len(lx)
+    if n < 2 or np.ptp(lx) == 0:
+        return {"alpha": np.nan, "c": np.nan, "alpha_se": np.nan, "n": n}
+    A = np.vstack([np.ones(n), lx]).T
+    coef, *_ = np.linalg.lstsq(A, ly, rcond=None)
+    resid = ly - A @ coef
+    se = math.sqrt(resid @ resid / (n - 2) / np.sum((lx - lx.mean()) ** 2)) if n > 2 else np.nan
+    return {"alpha": float(-coef[1]), "c": math.exp(coef[0]), "alpha_se": se, "n": n}
