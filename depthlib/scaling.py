@@ -537,8 +537,7 @@ def width_depth_optimum(fit: Fit) -> dict:
     if fit.law != "decomposed":
         raise InputError("the width–depth optimum needs the decomposed law")
     a_m, a_l, c_m = fit.param("alpha_m"), fit.param("alpha_l"), fit.param("c_m")
-    c_l = fit.c_l_raw / 1.0 if fit.points.depth_offset == 0 else fit.c_l_raw
-    prefactor = (a_m * c_m / (2 * a_l * c_l)) ** (1 / a_m)
+    prefactor = (a_m * c_m / (2 * a_l * fit.c_l_raw)) ** (1 / a_m)
     return {"m_vs_l_exponent": a_l / a_m, "N_exponent": a_m * a_l / (2 * a_l + a_m),
             "m_prefactor": prefactor,
             "note": "m* = m_prefactor · ℓ^(m_vs_l_exponent), ℓ in blocks"

@@ -83,7 +83,7 @@ def color(i: int) -> str:
 
 
 def slider_steps(labels: Sequence[str], n_traces_per_step: int, *, n_fixed: int = 0,
-                 titles: Sequence[str] | None = None, prefix: str = "") -> list[dict]:
+                 titles: Sequence[str] | None = None) -> list[dict]:
     """Steps for a plotly slider that shows one group of ``n_traces_per_step`` traces at a time.
 
     Traces are laid out as ``n_fixed`` always-visible traces followed by one group per label. Works in
