@@ -84,6 +84,7 @@ def memory_child(model_name: str, n_docs: int, max_length: int, dtype: str, devi
 def throughput(model_name: str, n_docs: int, max_length: int, batch_size: int, dtype: str, device: str,
                lens_tokens: int, reps: int) -> dict:
     import torch
+
     from depthlib import data
     from depthlib.probes import ProbeConfig, probe_documents
     from depthlib.probes.arch import arch_of

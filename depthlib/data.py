@@ -194,9 +194,10 @@ def ensure_converted(name: str) -> Path:
         tmp.mkdir(parents=True)
         try:
             gguf = _gguf_source(spec, tmp)
+            import io
+
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
-            import io
             with _quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):  # GGUF's own tqdm
                 tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
                 model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,

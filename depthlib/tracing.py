@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -821,6 +821,7 @@ def compute_chapter(profile: str = "smoke", *, extra_models: Sequence[str] = (),
     the chapter prompts M knows, every token, every kind) and ``facts_M`` (the fact-set traces).
     """
     import time
+
     from depthlib import results
     from depthlib.data import load_model
     config = chapter_config(profile, extra_models, device)

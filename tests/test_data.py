@@ -2,7 +2,6 @@ import hashlib
 import os
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from depthlib import InputError, data

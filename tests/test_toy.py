@@ -16,8 +16,7 @@ from depthlib import cli
 from depthlib.errors import InputError
 from depthlib.toy import analysis, sweep
 from depthlib.toy.engine import BatchedStudents, StudentSpec
-from depthlib.toy.models import (ResidualNet, ToyShape, derive_seed, init_student, make_teacher, rms_norm,
-                                 variant)
+from depthlib.toy.models import ResidualNet, ToyShape, derive_seed, init_student, make_teacher, rms_norm, variant
 from depthlib.toy.reference import train_alone
 
 SHAPE = ToyShape(teacher_depth=8)

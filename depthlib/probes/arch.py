@@ -20,6 +20,7 @@ h_l (l ≥ 1) is the output of block l; h_L is taken *before* the final norm.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 

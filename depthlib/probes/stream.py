@@ -258,7 +258,8 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
     tokens = tokens.sort_values(["doc_index", "position"]).reset_index(drop=True)
     info = dict(model=model_name or getattr(model.config, "_name_or_path", ""), architecture=arch.name,
                 model_type=arch.model_type, n_layers=L, d_model=arch.d_model, vocab_size=arch.vocab_size,
-                n_docs=len(docs), n_tokens=int(n_tokens), dtype=str(dtype).replace("torch.", ""), probe_seconds=round(time.perf_counter() - t_start, 3),
+                n_docs=len(docs), n_tokens=int(n_tokens), dtype=str(dtype).replace("torch.", ""),
+                probe_seconds=round(time.perf_counter() - t_start, 3),
                 config=asdict(cfg))
     return ProbeResult(layers, histograms, tokens, pd.DataFrame(doc_rows), info)
 

@@ -13,8 +13,15 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from depthlib.toy.engine import BatchedStudents, StudentSpec  # noqa: E402
-from depthlib.toy.models import (VARIANTS,  # noqa: E402 ToyShape, TrainConfig, derive_seed, init_student, make_teacher,
-                                 variant)
+from depthlib.toy.models import (  # noqa: E402
+    VARIANTS,
+    ToyShape,
+    TrainConfig,
+    derive_seed,
+    init_student,
+    make_teacher,
+    variant,
+)
 
 __all__ = ["BatchedStudents", "StudentSpec", "ToyShape", "TrainConfig", "VARIANTS", "derive_seed",
            "init_student", "make_teacher", "variant"]

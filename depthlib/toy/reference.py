@@ -11,8 +11,16 @@ from dataclasses import dataclass
 import torch
 
 from depthlib.toy.engine import StudentSpec
-from depthlib.toy.models import (ResidualNet, TeacherWeights, ToyShape, TrainConfig, init_student, student_loss,
-                                 teacher_module, teacher_targets)
+from depthlib.toy.models import (
+    ResidualNet,
+    TeacherWeights,
+    ToyShape,
+    TrainConfig,
+    init_student,
+    student_loss,
+    teacher_module,
+    teacher_targets,
+)
 
 
 @dataclass
