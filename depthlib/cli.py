@@ -112,7 +112,7 @@ def _cmd_toy(args) -> dict[str, Any]:
     import os
     # 2 OpenMP threads spin-waiting on a busy 2-core box are 5-100x slower (toy-performance.md §0)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from depthlib.toy import engine, sweep
+    from depthlib.toy import chapter, engine, sweep
     if args.threads is not None:
         if args.threads < 1:
             raise InputError(f"--threads must be >= 1, got {args.threads}")
@@ -121,7 +121,7 @@ def _cmd_toy(args) -> dict[str, Any]:
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps must be >= 1, got {args.steps}")
     engine.resolve_device(args.device)
-    cfg = sweep.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature, depths=args.depths,
+    cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature, depths=args.depths,
                                steps=args.steps, replicates=args.replicates,
                                **({"variant": args.variant} if args.variant else {}))
     cached = sweep.open_sweep_run(cfg, args.tf32).complete

@@ -1,56 +1,69 @@
-"""Results cache: an experiment's config -> a hash -> a folder of tidy tables plus a manifest.
+"""Results cache and THE rule for which run a chapter shows (design: Data flow, Profiles).
 
 Layout::
 
-    <root>/<experiment>/<key>/manifest.json      what produced it (git sha, versions, device, seed, wall time)
+    <root>/<experiment>/<key>/manifest.json      what produced it: profile, config, commit, code fingerprint,
+                                                 versions, device, seed, wall time, and a checksum per table
     <root>/<experiment>/<key>/<table>.parquet    tidy tables, one row per measurement
 
-Two roots are searched: ``data/results/`` (committed runs, e.g. a `paper` profile run done on a GPU)
-and ``data/cache/results/`` (git-ignored runs done on this machine). New runs are written to the cache;
-commit one by copying its folder to ``data/results/``. Tables are written atomically, so a long run can
-save as it goes and resume after an interruption by checking which tables already exist.
+Two roots: committed runs (``data/results`` of a checkout, :func:`depthlib.paths.committed_results_dir`) and
+local runs (``<cache>/results``). New runs are written to the local cache, table by table and atomically, so a
+long run saves as it goes and resumes after an interruption; :func:`commit_run` copies a finished run into
+``data/results``.
+
+Provenance cannot lie: a run records the **code fingerprint** of the modules that computed its numbers (a hash
+of their syntax trees without docstrings, so comments and docs do not count). A run whose fingerprint differs
+from the current code's is *stale*; the chapter shows it with a visible warning, ``--rerun`` recomputes it, and
+``tests/test_committed_runs.py`` fails on a stale committed run and replays a cheap prefix of every fresh one.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
 import json
 import os
 import platform
+import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from depthlib import paths
+from depthlib.errors import InputError
 
-#: Profiles from best to worst: a notebook shows the best complete run available.
+#: The profiles, best first (design: Profiles). ``custom`` marks a run with overridden settings (CLI flags).
 PROFILE_RANK = ("paper", "cpu", "smoke")
+CUSTOM = "custom"
 
 
-def _repo_checkout() -> bool:
-    return (REPO_ROOT / "pyproject.toml").exists()
+class CorruptRunError(InputError):
+    """A run folder whose manifest or tables cannot be read or fail their checksum."""
 
 
-def committed_root() -> Path:
-    """Committed results (``data/results``), overridable with ``DEPTHLIB_RESULTS_DIR``."""
-    return Path(os.environ.get("DEPTHLIB_RESULTS_DIR", REPO_ROOT / "data" / "results"))
+def check_profile(profile: str) -> str:
+    if profile not in PROFILE_RANK:
+        raise InputError(f"unknown profile {profile!r}; use one of {', '.join(PROFILE_RANK[::-1])}")
+    return profile
 
 
-def cache_dir() -> Path:
-    """Git-ignored cache for downloads, converted models and local runs (``DEPTHLIB_CACHE_DIR``)."""
-    env = os.environ.get("DEPTHLIB_CACHE_DIR")
-    if env:
-        return Path(env)
-    if _repo_checkout():
-        return REPO_ROOT / "data" / "cache"
-    return Path.home() / ".cache" / "depthlib"
+def shown_profiles(profile: str) -> tuple[str, ...]:
+    """Which profiles a chapter built for ``profile`` may show: ``smoke`` only smoke (so the committed notebook
+    outputs are reproducible), ``cpu`` a paper or a cpu run, ``paper`` only a paper run."""
+    check_profile(profile)
+    return ("smoke",) if profile == "smoke" else PROFILE_RANK[: PROFILE_RANK.index(profile) + 1]
 
 
-def local_root() -> Path:
-    return cache_dir() / "results"
+# ---- keys and fingerprints ------------------------------------------------------------------------------
+def normalise(config: dict[str, Any]) -> dict[str, Any]:
+    """A config as it reads back from JSON (tuples become lists), so stored and fresh configs compare equal."""
+    return json.loads(json.dumps(config, sort_keys=True, default=str))
 
 
 def config_key(config: dict[str, Any]) -> str:
@@ -59,13 +72,47 @@ def config_key(config: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def git_sha() -> str | None:
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+@lru_cache(maxsize=None)
+def _module_digest(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise InputError(f"cannot fingerprint {module!r}: no Python source found")
+    tree = _strip_docstrings(ast.parse(Path(spec.origin).read_text(encoding="utf-8")))
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def code_fingerprint(modules: Sequence[str]) -> str:
+    """12 hex digits identifying the code of ``modules`` (dotted names): their syntax trees without docstrings.
+
+    Formatting, comments and docstrings do not change it; any change to what the code does does."""
+    h = hashlib.sha256()
+    for module in sorted(set(modules)):
+        h.update(f"{module}:{_module_digest(module)}\n".encode())
+    return h.hexdigest()[:12]
+
+
+def git_state() -> tuple[str | None, bool | None]:
+    """(short commit, working tree dirty?) of the checkout, or (None, None) outside one."""
+    if not paths.in_checkout():
+        return None, None
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=paths.REPO_ROOT,
+                             capture_output=True, text=True, timeout=5).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "depthlib"],
+                               cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=5).stdout.strip() != ""
+        return sha, dirty if sha else None
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, None
 
 
 def environment_versions() -> dict[str, str]:
@@ -82,15 +129,35 @@ def environment_versions() -> dict[str, str]:
 
 def device_description(device: str | None = None) -> str:
     """A human-readable name of the machine a run used, e.g. 'cpu (2 cores, x86_64)' or 'cuda (NVIDIA H200)'."""
-    if device and device.startswith("cuda"):
+    if device and str(device).startswith("cuda"):
         try:
             import torch
             return f"cuda ({torch.cuda.get_device_name(torch.device(device))})"
         except Exception:  # noqa: BLE001 - description only
-            return device
+            return str(device)
     return f"cpu ({os.cpu_count()} cores, {platform.machine()})"
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write(final: Path, write: Callable[[Path], None]) -> None:
+    """Write via a temporary file in the same folder and rename; the temporary file never outlives a failure."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# ---- one run ----------------------------------------------------------------------------------------------
 @dataclass
 class Run:
     """One run of one experiment under one config: a folder of tables and a manifest."""
@@ -108,22 +175,32 @@ class Run:
         return self.path / f"{name}.parquet"
 
     def has(self, name: str) -> bool:
-        return self.table_path(name).exists()
+        """A readable table ``name`` exists (a truncated file left by a crash counts as absent and is removed)."""
+        path = self.table_path(name)
+        if not path.exists():
+            return False
+        try:
+            import pyarrow.parquet as pq
+            pq.read_metadata(path)
+            return True
+        except Exception:  # noqa: BLE001 - any unreadable file is recomputed
+            path.unlink(missing_ok=True)
+            return False
 
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         """Write a tidy table atomically (a crash never leaves half a file behind)."""
-        self.path.mkdir(parents=True, exist_ok=True)
         final = self.table_path(name)
-        tmp = final.with_suffix(f".tmp{os.getpid()}")
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, final)
+        _atomic_write(final, lambda tmp: df.to_parquet(tmp, index=False))
         return final
 
     def table(self, name: str) -> pd.DataFrame:
         path = self.table_path(name)
         if not path.exists():
             raise FileNotFoundError(f"run {self.experiment}/{self.key} has no table '{name}'")
-        return pd.read_parquet(path)
+        try:
+            return pd.read_parquet(path)
+        except Exception as err:  # noqa: BLE001 - report in the user's terms
+            raise CorruptRunError(f"table {path} is unreadable ({type(err).__name__}); recompute the run") from None
 
     def tables(self, prefix: str = "") -> list[str]:
         return sorted(p.stem for p in self.path.glob(f"{prefix}*.parquet"))
@@ -132,15 +209,51 @@ class Run:
     @property
     def manifest(self) -> dict[str, Any]:
         path = self.path / "manifest.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        if not path.exists():
+            return {}
+        try:
+            return json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CorruptRunError(f"run folder {self.path} has an unreadable manifest.json") from None
 
     @property
     def complete(self) -> bool:
         return self.manifest.get("status") == "complete"
 
-    def finish(self, *, profile: str, seed: int | None, wall_time_s: float,
+    @property
+    def profile(self) -> str | None:
+        return self.manifest.get("profile")
+
+    @property
+    def committed(self) -> bool:
+        root = paths.committed_results_dir()
+        return root is not None and self.path.resolve().is_relative_to(root.resolve())
+
+    @property
+    def stale(self) -> bool:
+        """The code that computed this run differs from the current code (or was not recorded)."""
+        m = self.manifest
+        modules = m.get("code_modules")
+        if not modules or "code_fingerprint" not in m:
+            return True
+        try:
+            return code_fingerprint(modules) != m["code_fingerprint"]
+        except InputError:
+            return True
+
+    def validate(self) -> "Run":
+        """Check that the manifest reads and every table it lists exists with its checksum; else CorruptRunError."""
+        m = self.manifest
+        for name, info in m.get("tables", {}).items():
+            path = self.table_path(name)
+            if not path.exists() or _sha256(path) != info.get("sha256"):
+                raise CorruptRunError(f"run folder {self.path}: table {name} is missing or fails its checksum")
+        return self
+
+    def finish(self, *, profile: str, seed: int | None, wall_time_s: float, code: Sequence[str],
                device: str | None = None, **extra: Any) -> dict[str, Any]:
-        """Mark the run complete and record what produced it."""
+        """Mark the run complete and record what produced it: ``code`` lists the modules that computed it."""
+        sha, dirty = git_state()
         manifest = {
             "experiment": self.experiment,
             "key": self.key,
@@ -150,25 +263,32 @@ class Run:
             "seed": seed,
             "wall_time_s": round(float(wall_time_s), 3),
             "device": device_description(device),
-            "git_sha": git_sha(),
+            "git_sha": sha,
+            "git_dirty": dirty,
+            "code_modules": sorted(set(code)),
+            "code_fingerprint": code_fingerprint(code),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": environment_versions(),
+            "tables": {p.stem: {"sha256": _sha256(p), "bytes": p.stat().st_size}
+                       for p in sorted(self.path.glob("*.parquet"))},
             **extra,
         }
-        self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / "manifest.json.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
-        os.replace(tmp, self.path / "manifest.json")
+        text = json.dumps(manifest, indent=2, sort_keys=True, default=str, allow_nan=False)
+        _atomic_write(self.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
         return manifest
 
+    def elapsed_before(self) -> float:
+        """Wall time spent in earlier, interrupted segments of this run (``progress.json``), in seconds."""
+        path = self.path / "progress.json"
+        try:
+            return float(json.loads(path.read_text()).get("wall_time_s", 0.0))
+        except (OSError, ValueError, json.JSONDecodeError):
+            return 0.0
 
-def provenance(profile: str, device: str | None = None, manifest: dict | None = None) -> str:
-    """One line for a chapter's text: which profile, device, commit and date produced its numbers."""
-    if manifest:
-        return (f"profile `{manifest.get('profile')}` · {manifest.get('device')} · commit {manifest.get('git_sha') or 'unknown'}"
-                f" · {manifest.get('created')} · wall time {manifest.get('wall_time_s', 0):.0f} s")
-    return (f"profile `{profile}` · {device_description(device)} · commit {git_sha() or 'unknown'}"
-            f" · {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    def record_elapsed(self, seconds: float) -> None:
+        """Save the total wall time so far, so a resumed run's manifest counts every segment."""
+        _atomic_write(self.path / "progress.json",
+                      lambda tmp: tmp.write_text(json.dumps({"wall_time_s": round(seconds, 3)})))
 
 
 def open_run(experiment: str, config: dict[str, Any], root: Path | None = None) -> Run:
@@ -176,31 +296,116 @@ def open_run(experiment: str, config: dict[str, Any], root: Path | None = None) 
 
     Re-opening the same config returns the same folder, so a resumed run finds its finished tables.
     """
-    root = local_root() if root is None else Path(root)
-    return Run(experiment, dict(config), root / experiment / config_key(config))
+    root = paths.local_results_dir() if root is None else Path(root)
+    return Run(experiment, normalise(config), root / experiment / config_key(config))
 
 
-def find_runs(experiment: str, roots: Iterable[Path] | None = None) -> list[Run]:
-    """All complete runs of an experiment, committed ones first."""
-    roots = [committed_root(), local_root()] if roots is None else [Path(r) for r in roots]
+def roots(rerun: bool = False) -> list[Path]:
+    """Where runs are looked for: committed first, then local; ``rerun`` looks only at local runs."""
+    committed = paths.committed_results_dir()
+    out = [] if rerun or committed is None else [committed]
+    return out + [paths.local_results_dir()]
+
+
+def find_runs(experiment: str, search: Iterable[Path] | None = None) -> list[Run]:
+    """All complete, readable runs of an experiment (committed ones first). Unreadable ones are reported."""
     runs = []
-    for root in roots:
+    for root in roots() if search is None else [Path(r) for r in search]:
         for manifest in sorted((root / experiment).glob("*/manifest.json")):
-            info = json.loads(manifest.read_text())
+            run = Run(experiment, {}, manifest.parent)
+            try:
+                info = run.manifest
+            except CorruptRunError as err:
+                print(f"[depthlib] skipping {err}", file=sys.stderr)
+                continue
             if info.get("status") == "complete":
-                runs.append(Run(experiment, info.get("config", {}), manifest.parent))
+                run.config = info.get("config", {})
+                runs.append(run)
     return runs
 
 
-def best_run(experiment: str, roots: Iterable[Path] | None = None,
-             profiles: Iterable[str] = PROFILE_RANK) -> Run | None:
-    """The best complete run: highest profile (paper > cpu > smoke), then committed, then newest."""
-    profiles = list(profiles)
-    candidates = [r for r in find_runs(experiment, roots) if r.manifest.get("profile") in profiles]
+def select_run(experiment: str, profile: str, *, expected_config: Callable[[str], dict | None] | None = None,
+               rerun: bool = False, include_custom: bool = False,
+               search: Iterable[Path] | None = None) -> Run | None:
+    """THE rule for which run a chapter shows (every chapter calls this, nothing else ranks runs).
+
+    Candidates: complete runs of ``experiment`` whose profile may be shown for ``profile``
+    (:func:`shown_profiles`; plus CLI ``custom`` runs if ``include_custom``) and, where ``expected_config``
+    gives the current settings of that profile, whose config equals them. Best first: the higher profile
+    (paper > cpu > smoke), then fresh before stale (fingerprint), then committed before local, then newest.
+    ``rerun`` considers only fresh local runs, so a chapter recomputes what is not in the local cache."""
+    allowed = shown_profiles(profile) + ((CUSTOM,) if include_custom else ())
+    candidates = []
+    for run in find_runs(experiment, roots(rerun) if search is None else search):
+        prof = run.profile
+        if prof not in allowed:
+            continue
+        want = expected_config(prof) if expected_config is not None and prof != CUSTOM else None
+        if want is not None and run.config != normalise(want):
+            continue
+        if rerun and run.stale:
+            continue
+        candidates.append(run)
     if not candidates:
         return None
-    candidates.sort(key=lambda r: r.manifest.get("created", ""), reverse=True)  # newest first ...
-    committed = committed_root().resolve()
-    candidates.sort(key=lambda r: (profiles.index(r.manifest["profile"]),  # ... then stable by rank
-                                   not r.path.resolve().is_relative_to(committed)))
+    rank = {p: i for i, p in enumerate(PROFILE_RANK + (CUSTOM,))}
+    candidates.sort(key=lambda r: r.manifest.get("created", ""), reverse=True)       # newest first ...
+    candidates.sort(key=lambda r: (rank[r.profile], r.stale, not r.committed))        # ... stable within rank
     return candidates[0]
+
+
+def chapter_run(experiment: str, profile: str, compute: Callable[[], Run], *,
+                expected_config: Callable[[str], dict | None] | None = None, rerun: bool = False,
+                include_custom: bool = False) -> Run:
+    """The run a chapter shows for ``profile`` (:func:`select_run`), computed now with ``compute`` (cached,
+    resumable) if there is none. A corrupt local run is recomputed."""
+    run = select_run(experiment, profile, expected_config=expected_config, rerun=rerun,
+                     include_custom=include_custom)
+    if run is not None:
+        try:
+            return run.validate()
+        except CorruptRunError as err:
+            if run.committed:
+                raise
+            print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
+            shutil.rmtree(run.path)
+    return compute()
+
+
+def commit_run(run: Run, dest: Path | None = None) -> Path:
+    """Copy a finished run's manifest and tables (no checkpoints, no per-step scratch) into ``data/results``."""
+    if not run.complete:
+        raise InputError(f"run {run.path} is not complete")
+    dest_root = dest or paths.committed_results_dir()
+    if dest_root is None:
+        raise InputError("no data/results folder here (not a checkout): set DEPTHLIB_RESULTS_DIR")
+    target = Path(dest_root) / run.experiment / run.key
+    target.mkdir(parents=True, exist_ok=True)
+    for name in run.manifest.get("tables", {}):
+        shutil.copy2(run.table_path(name), target / f"{name}.parquet")
+    shutil.copy2(run.path / "manifest.json", target / "manifest.json")
+    return target
+
+
+# ---- what a chapter says about its run -------------------------------------------------------------------
+def provenance(run: Run) -> str:
+    """One line for a chapter's text: profile, device, commit, fingerprint, date, wall time, where it came from."""
+    m = run.manifest
+    commit = (m.get("git_sha") or "unknown") + (" (+ uncommitted changes)" if m.get("git_dirty") else "")
+    where = "committed run" if run.committed else "computed on this machine"
+    return (f"profile `{m.get('profile')}` · {m.get('device')} · commit {commit} · code {m.get('code_fingerprint')}"
+            f" · {m.get('created')} · wall time {m.get('wall_time_s', 0):.0f} s · {where} ({run.experiment}/{run.key})")
+
+
+def staleness_note(run: Run) -> str:
+    """A warning sentence when the run was computed by other code than the current one; '' when it is fresh."""
+    if not run.stale:
+        return ""
+    m = run.manifest
+    try:
+        now = code_fingerprint(m["code_modules"]) if m.get("code_modules") else "unknown"
+    except InputError:
+        now = "unknown"
+    return (f"These numbers were computed by code with fingerprint {m.get('code_fingerprint', '(unrecorded)')}; "
+            f"the current code ({', '.join(m.get('code_modules', [])) or 'modules unrecorded'}) has {now}. "
+            "They may not be what the current code computes: rebuild with `make book RERUN=1` to recompute.")

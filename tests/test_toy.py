@@ -14,7 +14,7 @@ import torch
 
 from depthlib import cli
 from depthlib.errors import InputError
-from depthlib.toy import analysis, sweep
+from depthlib.toy import analysis, chapter, sweep
 from depthlib.toy.engine import BatchedStudents, StudentSpec
 from depthlib.toy.models import ResidualNet, ToyShape, derive_seed, init_student, make_teacher, rms_norm, variant
 from depthlib.toy.reference import train_alone
@@ -70,7 +70,7 @@ def test_bad_rho_is_input_error():
     with pytest.raises(InputError):
         make_teacher(1.2, 0)
     with pytest.raises(InputError):
-        sweep.profile_config("smoke", rhos=[-0.1])
+        chapter.profile_config("smoke", rhos=[-0.1])
 
 
 # ---- students -------------------------------------------------------------------------------------------

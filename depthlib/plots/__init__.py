@@ -78,6 +78,23 @@ def show(fig: go.Figure, caption: str) -> None:
     display(Markdown(f"<p class='depthlib-caption'>{caption}</p>"))
 
 
+def run_note(runs) -> None:
+    """Say which run(s) a chapter shows (profile, device, commit, code fingerprint) and warn visibly if stale."""
+    import html
+
+    from IPython.display import HTML, display
+
+    from depthlib import results
+    runs = list(runs.values()) if isinstance(runs, dict) else (runs if isinstance(runs, (list, tuple)) else [runs])
+    lines = "".join(f"<li><code>{html.escape(results.provenance(r))}</code></li>" for r in runs)
+    display(HTML(f"<div class='depthlib-provenance'><p>Numbers on this page come from:</p><ul>{lines}</ul></div>"))
+    for r in runs:
+        warning = results.staleness_note(r)
+        if warning:
+            display(HTML("<div class='admonition warning'><p class='admonition-title'>Stale run "
+                         f"({html.escape(r.experiment)}/{r.key})</p><p>{html.escape(warning)}</p></div>"))
+
+
 def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 

@@ -26,6 +26,8 @@ from depthlib.toy.engine import BatchedStudents, StudentSpec, resolve_device
 from depthlib.toy.models import ResidualNet, ToyShape, derive_seed, make_teacher, teacher_module, variant
 
 EXPERIMENT = "toy"
+#: The modules whose code decides a sweep's numbers (its manifest records their fingerprint).
+CODE = ("depthlib.toy.models", "depthlib.toy.engine", "depthlib.toy.sweep", "depthlib.toy.analysis", "depthlib.measures")
 PAPER_TEMPERATURES = tuple(float(f"{t:.4g}") for t in np.logspace(-2, 0, 16))  # spec §4.2
 
 
@@ -79,51 +81,13 @@ class SweepConfig:
         return self
 
 
-#: smoke: seconds, proves the code path (numbers meaningless). cpu: the reduced sweep sized for `make book`'s
-#: 20-minute budget on 2 idle cores (8.6 GFLOP/step × 10k steps at ≈ 100 GFLOP/s; several times longer on a busy
-#: machine): 3 ρ × 2 T, 4 depths over 3 octaves, batch 256, final lr decay (toy-performance.md §4: the decay is
-#: the single most important change at a small budget). paper: exp-9 + exp-9-1 (ρ ∈ {0, 1},
-#: 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ grid at three temperatures.
-PROFILES: dict[str, SweepConfig] = {
-    "smoke": SweepConfig("smoke", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(2, 4, 8),
-                         replicates=1, steps=60, batch=64, eval_every=20, eval_batches=2, eval_batch_size=256,
-                         teacher_depth=16, signature_inputs=128),
-    "cpu": SweepConfig("cpu", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(6, 12, 24, 48),
-                       replicates=1, steps=10_000, batch=256, eval_every=1_000),
-    "paper": SweepConfig("paper", variant="exp-9",
-                         cells=grid((0.0, 1.0), PAPER_TEMPERATURES)
-                         + grid((0.25, 0.5, 0.75, 0.9), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),  # 0.01, 0.117, 1
-                         replicates=3, steps=40_000, batch=1024, eval_every=500),
-}
-
-
-def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, depths=None, steps=None,
-                   replicates=None, **overrides) -> SweepConfig:
-    """A profile's config, optionally overridden (then labelled ``custom``: never shown by the book)."""
-    if profile not in PROFILES:
-        raise InputError(f"unknown profile {profile!r} (have {', '.join(PROFILES)})")
-    cfg = PROFILES[profile]
-    changes = dict(overrides)
-    if rhos is not None or temperatures is not None:
-        r = rhos if rhos is not None else sorted({c[0] for c in cfg.cells})
-        t = temperatures if temperatures is not None else sorted({c[1] for c in cfg.cells})
-        changes["cells"] = grid(r, t)
-    if depths is not None:
-        changes["depths"] = tuple(int(d) for d in depths)
-    if steps is not None:
-        changes["steps"] = int(steps)
-        changes["eval_every"] = min(cfg.eval_every, max(1, int(steps)))
-    if replicates is not None:
-        changes["replicates"] = int(replicates)
-    if changes:
-        cfg = dataclasses.replace(cfg, profile="custom", **changes)
-    return cfg.validate()
-
-
 # ---- building the engine -------------------------------------------------------------------------------
 def build_engine(cfg: SweepConfig, device: str = "cpu", chunk: int | None = None,
-                 allow_tf32: bool = False) -> tuple[BatchedStudents, pd.DataFrame, list]:
-    """The engine for a sweep, the table of its students (caller's order) and its teachers."""
+                 allow_tf32: bool = False, keep=None) -> tuple[BatchedStudents, pd.DataFrame, list]:
+    """The engine for a sweep, the table of its students (caller's order) and its teachers.
+
+    ``keep(row) -> bool`` trains only some students (row: rho, temperature, replicate, depth); each student's
+    trajectory does not depend on who else is trained, so a subset replays its part of a full sweep."""
     shape, train = cfg.shape(), variant(cfg.variant)
     rhos = sorted({c[0] for c in cfg.cells})
     teachers, streams, t_index = [], [], {}
@@ -136,6 +100,8 @@ def build_engine(cfg: SweepConfig, device: str = "cpu", chunk: int | None = None
     for rho, temp in cfg.cells:
         for r in range(cfg.replicates):
             for depth in cfg.depths:
+                if keep is not None and not keep({"rho": rho, "temperature": temp, "replicate": r, "depth": int(depth)}):
+                    continue
                 specs.append(StudentSpec(t_index[(r, rho)], temp, int(depth),
                                          derive_seed(cfg.seed, "student", r, int(depth))))
                 rows.append({"rho": rho, "temperature": temp, "replicate": r, "depth": int(depth)})
@@ -184,6 +150,7 @@ def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, c
     train_sum, n_sum = torch.zeros(eng.K, dtype=torch.float64, device=eng.device), 0
     ckpt = run.path / "checkpoint.pt"
     start = 0
+    before = run.elapsed_before() if ckpt.exists() else 0.0
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         eng.load_state_dict(state["engine"])
@@ -207,6 +174,7 @@ def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, c
             n_sum = 0
             if done % checkpoint_every == 0 or done == cfg.steps or done == stop_at_step:
                 _save_checkpoint(run, eng, train_sum, n_sum)
+                run.record_elapsed(before + time.perf_counter() - t_start)
             if stop_at_step is not None and done >= stop_at_step:
                 if bar is not None:
                     bar.close()
@@ -227,9 +195,12 @@ def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, c
                   "gflop_per_s": round(eng.flops_per_step() * trained / loop_s / 1e9, 2) if trained else None,
                   "flop_total": eng.flops_per_step() * cfg.steps,
                   "torch_threads": torch.get_num_threads()}
-    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=time.perf_counter() - t_start, device=str(eng.device),
-               n_students=eng.K, **throughput)
+    for name in run.tables("curve_"):              # per-evaluation scratch, now all in ``curves``
+        run.table_path(name).unlink()
+    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=before + time.perf_counter() - t_start,
+               device=str(eng.device), code=CODE, n_students=eng.K, **throughput)
     ckpt.unlink(missing_ok=True)
+    (run.path / "progress.json").unlink(missing_ok=True)
     return run
 
 
@@ -254,30 +225,3 @@ def student_signatures(eng: BatchedStudents, students: pd.DataFrame, teachers: l
             sig = analysis.signatures(teacher_module(t, shape).hidden(x, all_states=True))
             parts.append(sig.assign(net="teacher", rho=t.rho, temperature=np.nan, replicate=0, depth=t.depth))
     return pd.concat(parts, ignore_index=True)
-
-
-def load_or_run(profile: str = "smoke", device: str = "cpu", progress: bool = False) -> results.Run:
-    """The run a chapter shows for ``profile``: ``smoke`` shows a smoke run only (so the committed notebook
-    outputs are reproducible); ``cpu`` shows the best of paper > cpu; ``paper`` a paper run. A committed run
-    (``data/results``) beats a local one. If none exists, run the profile now (cached, resumable)."""
-    rank = results.PROFILE_RANK
-    if profile not in rank:
-        raise InputError(f"unknown profile {profile!r} (have {', '.join(rank)})")
-    allowed = ("smoke",) if profile == "smoke" else rank[: rank.index(profile) + 1]
-    best = results.best_run(EXPERIMENT, profiles=allowed)
-    if best is not None:
-        return best
-    return run_sweep(PROFILES[profile], device, progress=progress)
-
-
-def describe(run: results.Run) -> dict:
-    """Provenance and settings of a run, for the chapter's text."""
-    m = run.manifest
-    c = m.get("config", {})
-    return {"profile": m.get("profile"), "device": m.get("device"), "date": m.get("created"),
-            "commit": m.get("git_sha"), "variant": c.get("variant"), "steps": c.get("steps"),
-            "batch": c.get("batch"), "depths": c.get("depths"), "replicates": c.get("replicates"),
-            "rhos": sorted({cell[0] for cell in c.get("cells", [])}),
-            "temperatures": sorted({cell[1] for cell in c.get("cells", [])}),
-            "teacher_depth": c.get("teacher_depth"), "flop": m.get("flop_total"),
-            "wall_time_s": m.get("wall_time_s")}
