@@ -43,3 +43,15 @@ def fit_power_law(x: Sequence[float], y: Sequence[float]) -> dict:
     resid = ly - A @ coef
     se = math.sqrt(resid @ resid / (n - 2) / np.sum((lx - lx.mean()) ** 2)) if n > 2 else np.nan
     return {"alpha": float(-coef[1]), "c": math.exp(coef[0]), "alpha_se": se, "n": n}
+
+
+def middle_blocks(n_blocks: int) -> slice:
+    """Indices of per-block quantities θ(h_l, h_{l+1}), l = 0..L−1, over the middle blocks: all but the first and
+    the last block (the paper's l = 2..ℓ−1, §2.7 item 3); a network of one or two blocks keeps them all."""
+    return slice(1, n_blocks - 1) if n_blocks > 2 else slice(0, n_blocks)
+
+
+def middle_update_pairs(n_blocks: int) -> slice:
+    """Indices of the update angles θ(Δh_l, Δh_{l+1}), l = 0..L−2, whose two blocks are both middle blocks (no pair
+    with the first or the last block), so θ and θ(Δh) average over the same blocks; short networks keep all."""
+    return slice(1, n_blocks - 2) if n_blocks > 3 else slice(0, max(n_blocks - 1, 0))

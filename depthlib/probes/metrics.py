@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from depthlib.measures import angle_between  # noqa: F401  (re-exported: the probes' angle)
+from depthlib.measures import angle_between, middle_blocks, middle_update_pairs  # noqa: F401  (angle re-exported)
 
 METRICS = ("theta", "theta_dh", "norms", "angle_to_end", "progress")
 
@@ -90,12 +90,12 @@ def token_metrics(hidden: list[torch.Tensor] | torch.Tensor, input_ids: torch.Te
                         input_ids[rows, cols], input_ids[rows, cols + 1])
 
 
-def middle_layers(n_layers: int) -> slice:
-    """Indices of θ_l over the middle blocks: all but the first and last block (paper's l = 2..ℓ−1)."""
-    return slice(1, max(n_layers - 1, 1))
-
-
 def middle_mean(theta_by_layer: np.ndarray) -> float:
-    """Mean of the per-layer mean angles over the middle blocks (§2.7 item 3)."""
+    """Mean of the per-layer mean angles over the middle blocks (§2.7 item 3; :func:`depthlib.measures.middle_blocks`)."""
     theta_by_layer = np.asarray(theta_by_layer, dtype=float)
-    return float(theta_by_layer[middle_layers(len(theta_by_layer))].mean())
+    return float(theta_by_layer[middle_blocks(len(theta_by_layer))].mean())
+
+
+def middle_update_mean(theta_dh_by_pair: np.ndarray, n_blocks: int) -> float:
+    """Mean update angle θ(Δh_l, Δh_{l+1}) over the pairs of middle blocks (:func:`depthlib.measures.middle_update_pairs`)."""
+    return float(np.asarray(theta_dh_by_pair, dtype=float)[middle_update_pairs(n_blocks)].mean())

@@ -25,7 +25,7 @@ import torch
 from depthlib.errors import InputError
 from depthlib.probes.arch import arch_of
 from depthlib.probes.lenses import LENSES, MAX_LOGIT_ELEMENTS, lens_losses
-from depthlib.probes.metrics import METRICS, middle_mean, token_metrics, valid_mask
+from depthlib.probes.metrics import METRICS, middle_mean, middle_update_mean, token_metrics, valid_mask
 from depthlib.probes.tap import tap_hidden_states
 
 ANGLE_METRICS = ("theta", "theta_dh", "angle_to_end")
@@ -217,9 +217,13 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
         reservoir.add(m.theta.cpu().numpy(), meta)
         valid = valid_mask(mask)
         n_valid = valid.sum(1).tolist()
+        # per-document mean angle per block (replayable: a document's numbers do not depend on the others)
+        doc_theta = torch.zeros(len(batch), L, dtype=torch.float64, device=m.theta.device)
+        doc_theta.index_add_(0, m.row, m.theta.double())
+        doc_theta = (doc_theta / torch.tensor(n_valid, device=doc_theta.device).clamp(min=1)[:, None]).cpu().numpy()
         for i, (doc_id, _) in enumerate(batch):
             doc_rows.append(dict(doc_index=start + i, doc_id=doc_id, n_tokens=int(mask[i].sum()),
-                                 n_valid=int(n_valid[i])))
+                                 n_valid=int(n_valid[i]), **{f"theta_{l}": doc_theta[i, l] for l in range(L)}))
         n_tokens += len(m)
         if cfg.lenses and (cfg.lens_docs is None or start < cfg.lens_docs):
             select = None
@@ -275,7 +279,7 @@ def summarize(layers: pd.DataFrame, info: dict | None = None, digits: int = 4) -
     out.pop("config", None)
     out["theta_by_layer"] = [round(float(x), digits) for x in theta]
     out["theta_middle_mean"] = round(middle_mean(theta), digits)
-    out["theta_dh_mean"] = round(float(prof("theta_dh").mean()), digits)
+    out["theta_dh_mean"] = round(middle_update_mean(prof("theta_dh"), len(theta)), digits)   # same blocks as θ
     for lens in LENSES:
         ce = prof(f"ce_{lens}")
         if len(ce):

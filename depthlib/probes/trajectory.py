@@ -23,8 +23,7 @@ import numpy as np
 import pandas as pd
 
 from depthlib.errors import InputError
-from depthlib.measures import fit_power_law
-from depthlib.probes.metrics import middle_layers
+from depthlib.measures import fit_power_law, middle_blocks
 
 
 def theta_matrix(tokens: pd.DataFrame) -> np.ndarray:
@@ -39,7 +38,7 @@ def ideal_trajectories(theta: np.ndarray, stop_after: int = 2) -> dict[str, np.n
     """The two ideal (L,) trajectories built from the data's own first, last and middle angles."""
     n_layers = theta.shape[1]
     mean = theta.mean(0)
-    mid = middle_layers(n_layers)
+    mid = middle_blocks(n_layers)
     middle_value = float(mean[mid].mean()) if n_layers > 2 else float(mean.mean())
     even = np.full(n_layers, middle_value)
     even[0], even[-1] = mean[0], mean[-1]
