@@ -409,3 +409,26 @@ def staleness_note(run: Run) -> str:
     return (f"These numbers were computed by code with fingerprint {m.get('code_fingerprint', '(unrecorded)')}; "
             f"the current code ({', '.join(m.get('code_modules', [])) or 'modules unrecorded'}) has {now}. "
             "They may not be what the current code computes: rebuild with `make book RERUN=1` to recompute.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m depthlib.results commit RUN_FOLDER ...`` copies finished local runs into ``data/results``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or argv[0] != "commit":
+        print("usage: python -m depthlib.results commit RUN_FOLDER [RUN_FOLDER ...]", file=sys.stderr)
+        return 2
+    for folder in argv[1:]:
+        path = Path(folder)
+        run = Run(path.parent.name, {}, path)
+        try:
+            if run.stale:
+                raise InputError(f"run {path} was computed by code other than the current code; recompute it first")
+            print(commit_run(run.validate()))
+        except InputError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """Where things live inside a Hugging Face causal LM: a small architecture table (paper §2.2).
 
-The probes (and the causal tracing of paper Fig. 6) need the same handful of modules from every model:
-the list of decoder blocks, the token embedding, the final norm, the unembedding and, inside each
-block, the MLP and the attention. Each family names them differently, so :func:`arch_of` looks them up
+The probes (chapter 2) and the causal tracer (paper Fig. 6, chapter 4) need the same handful of modules from
+every model: the list of decoder blocks, the token embedding, the final norm, the unembedding and, inside
+each block, the MLP and the attention. Each family names them differently, so :func:`arch_of` looks them up
 in a table keyed on ``config.model_type``::
 
     >>> arch = arch_of(model)
@@ -14,7 +14,8 @@ What h_0 is. The residual stream *entering the first block* is h_0. For GPT-NeoX
 Qwen2 and Gemma 3 it is exactly the output of ``arch.embed`` (Gemma multiplies the embedding by √d
 inside its ``embed_tokens`` module, so the scaled vector is h_0, as the model uses it). For GPT-2 and
 OPT the learned position embedding is added after ``arch.embed``, so ``arch.embed`` is the *token* part
-only; the probes therefore always read h_0 with a pre-hook on block 0 (:mod:`depthlib.probes.tap`).
+only; the probes therefore always read h_0 with a pre-hook on block 0 (:mod:`depthlib.probes.tap`),
+and the tracer's noise, added to ``arch.embed``'s output, corrupts the token part (the position part is clean).
 h_l (l ≥ 1) is the output of block l; h_L is taken *before* the final norm.
 """
 from __future__ import annotations
@@ -112,7 +113,11 @@ class Arch:
         return int(self.lm_head.weight.shape[0])
 
     def mlp_of(self, i: int) -> nn.Module:
-        """The MLP of block i (0-indexed); its output is the block's MLP contribution (OPT: ``fc2``)."""
+        """The MLP of block i (0-indexed); its output is the block's MLP contribution.
+
+        OPT has no MLP module: this is its ``fc2``, which sees the hidden states flattened to (batch·seq, d), so a
+        hook on it gets a 2-D output (the tracer's hooks view it as (batch, seq, d): :mod:`depthlib.tracing.patching`).
+        """
         return _get(self.layers[i], self.mlp_attr)
 
     def attn_of(self, i: int) -> nn.Module:
