@@ -112,7 +112,8 @@ def _cmd_toy(args) -> dict[str, Any]:
     import os
     # 2 OpenMP threads spin-waiting on a busy 2-core box are 5-100x slower (toy-performance.md §0)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from depthlib.toy import chapter, engine, sweep
+    from depthlib import validate
+    from depthlib.toy import chapter, sweep
     if args.threads is not None:
         if args.threads < 1:
             raise InputError(f"--threads must be >= 1, got {args.threads}")
@@ -120,7 +121,7 @@ def _cmd_toy(args) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps must be >= 1, got {args.steps}")
-    engine.resolve_device(args.device)
+    validate.resolve_device(args.device)
     cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature, depths=args.depths,
                                steps=args.steps, replicates=args.replicates,
                                **({"variant": args.variant} if args.variant else {}))

@@ -30,6 +30,7 @@ import torch
 
 from depthlib.errors import InputError
 from depthlib.toy.models import StudentWeights, TeacherWeights, ToyShape, TrainConfig, init_student
+from depthlib.validate import resolve_device
 
 
 @dataclass(frozen=True)
@@ -40,17 +41,6 @@ class StudentSpec:
     temperature: float    # T on the teacher logits (KL variants); ignored by MSE variants
     depth: int            # number of blocks ℓ (RK2 blocks for exp-9-4)
     seed: int             # seed of its initial W_up, b_up
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """'cpu', 'cuda' or 'cuda:N'; None picks cpu. Raises InputError if CUDA is asked for but absent."""
-    device = device or "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda requested but no CUDA device is available")
-    elif device != "cpu":
-        raise InputError(f"device must be cpu or cuda, got {device!r}")
-    return torch.device(device)
 
 
 def _rms(h: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,12 +22,15 @@ import torch
 from depthlib import results
 from depthlib.errors import InputError
 from depthlib.toy import analysis
-from depthlib.toy.engine import BatchedStudents, StudentSpec, resolve_device
+from depthlib.toy.engine import BatchedStudents, StudentSpec
 from depthlib.toy.models import ResidualNet, ToyShape, derive_seed, make_teacher, teacher_module, variant
+from depthlib.validate import distinct, finite, int_in_range, resolve_device
 
 EXPERIMENT = "toy"
 #: The modules whose code decides a sweep's numbers (its manifest records their fingerprint).
 CODE = ("depthlib.toy.models", "depthlib.toy.engine", "depthlib.toy.sweep", "depthlib.toy.analysis", "depthlib.measures")
+#: Deepest student or teacher accepted (the paper goes to 128; memory grows linearly with depth).
+MAX_DEPTH = 4096
 PAPER_TEMPERATURES = tuple(float(f"{t:.4g}") for t in np.logspace(-2, 0, 16))  # spec §4.2
 
 
@@ -69,14 +72,18 @@ class SweepConfig:
 
     def validate(self) -> "SweepConfig":
         for rho, t in self.cells:
-            if not 0.0 <= rho <= 1.0:
-                raise InputError(f"rho must be in [0, 1], got {rho}")
-            if not t > 0:
-                raise InputError(f"temperature must be > 0, got {t}")
-        if not self.depths or min(self.depths) < 1:
-            raise InputError(f"depths must be positive integers, got {list(self.depths)}")
-        if self.steps < 1 or self.batch < 1 or self.replicates < 1 or self.eval_every < 1:
-            raise InputError("steps, batch, replicates and eval_every must be >= 1")
+            if not 0.0 <= finite("rho", rho) <= 1.0:
+                raise InputError(f"rho must be in [0, 1], got {rho:g}")
+            if not finite("temperature", t) > 0:
+                raise InputError(f"temperature must be > 0, got {t:g}")
+        for depth in self.depths:
+            int_in_range("student depth", depth, 1, MAX_DEPTH)
+        distinct("depths", self.depths, at_least=2)   # α_ℓ needs two depths at least
+        int_in_range("steps", self.steps, 1, 10_000_000)
+        int_in_range("batch", self.batch, 1, 1 << 20)
+        int_in_range("replicates", self.replicates, 1, 1000)
+        int_in_range("eval_every", self.eval_every, 1)
+        int_in_range("teacher depth", self.teacher_depth, 1, MAX_DEPTH)
         variant(self.variant)
         return self
 

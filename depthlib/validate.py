@@ -1,0 +1,57 @@
+"""Validators shared by the library and the CLI: bad input becomes one :class:`InputError` line naming what is
+wrong (the CLI turns it into exit status 2). The CLI validates only through these and the library's own checks."""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from depthlib.errors import InputError
+
+
+def resolve_device(device: str | None):
+    """'cpu', 'cuda' or 'cuda:N' as a torch.device; None picks cpu. InputError if CUDA is asked for but absent."""
+    import torch
+    device = "cpu" if device is None else str(device)
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise InputError(f"device {device!r} requested but torch sees no CUDA device")
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            raise InputError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present")
+        return dev
+    if device != "cpu":
+        raise InputError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+    return torch.device("cpu")
+
+
+def finite(name: str, value: float) -> float:
+    """``value`` as a float, or InputError if it is NaN or infinite."""
+    value = float(value)
+    if not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number, got {value:g}")
+    return value
+
+
+def int_in_range(name: str, value: int, lo: int, hi: int | None = None) -> int:
+    """An integer in [lo, hi] (hi None: unbounded), or InputError naming the range."""
+    if isinstance(value, bool) or int(value) != value:
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise InputError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def distinct(name: str, values: Iterable, at_least: int = 1) -> list:
+    """The values, or InputError if some repeat or there are fewer than ``at_least``."""
+    values = list(values)
+    if len(set(values)) != len(values):
+        dupes = sorted({v for v in values if values.count(v) > 1})
+        raise InputError(f"{name} has duplicates: {', '.join(map(str, dupes))}")
+    if len(values) < at_least:
+        raise InputError(f"{name} needs at least {at_least} distinct values, got {len(values)}")
+    return values
