@@ -40,6 +40,7 @@ notebooks: install
 	$(BIN)/python -m depthlib.book refresh
 
 test: install
+	$(BIN)/ruff check depthlib tests benchmarks
 	$(BIN)/python -m pytest --nbval tests notebooks
 
 test-fast: install
