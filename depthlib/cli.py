@@ -11,8 +11,9 @@ import sys
 from typing import Any, Callable
 
 from depthlib.errors import InputError
+from depthlib.results import PROFILE_RANK
 
-PROFILES = ("smoke", "cpu", "paper")
+PROFILES = PROFILE_RANK[::-1]   # smoke, cpu, paper: the one list of profiles (depthlib.results)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,20 +72,22 @@ def _cmd_fit(args) -> dict[str, Any]:
 
 # ---- book (issue 2) --------------------------------------------------------------------------------
 def _add_book(sub) -> None:
-    p = sub.add_parser("book", help="execute every notebook with papermill and build the HTML book")
+    p = sub.add_parser("book", help="execute every notebook with papermill and build the HTML book (_build/html)")
     p.add_argument("--profile", choices=PROFILES, default="cpu")
     p.add_argument("--out", default="_build", help="build folder (default: _build)")
     p.add_argument("--only", nargs="*", default=None, metavar="NOTEBOOK",
                    help="execute only these notebooks (names or stems); the others are copied unexecuted")
+    p.add_argument("--rerun", action="store_true",
+                   help="recompute every chapter (papermill RERUN=True) instead of showing committed runs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_cmd_book)
 
 
 def _cmd_book(args) -> dict[str, Any]:
     from depthlib import book
-    html = book.build_book(profile=args.profile, out=args.out, only=args.only)
+    html = book.build_book(profile=args.profile, out=args.out, only=args.only, rerun=args.rerun)
     print(f"The book is at {html / 'index.html'}", file=sys.stderr)
-    return {"html": str(html / "index.html"), "profile": args.profile}
+    return {"html": str(html / "index.html"), "profile": args.profile, "rerun": args.rerun}
 
 
 # ---- toy (issue 3) ---------------------------------------------------------------------------------
