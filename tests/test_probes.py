@@ -8,13 +8,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
 from depthlib import InputError  # noqa: E402
-from depthlib.probes import arch as arch_mod  # noqa: E402
+from depthlib.models import arch as arch_mod  # noqa: E402
 from depthlib.probes.lenses import chunked_cross_entropy, last_block_logits, lens_losses  # noqa: E402
 from depthlib.probes.metrics import angle_between, token_metrics, valid_mask  # noqa: E402
 from depthlib.probes.tap import tap_hidden_states  # noqa: E402
@@ -340,22 +341,23 @@ def test_sotu_corpus_has_stable_ids():
 
 
 def test_load_model_errors_name_the_problem():
-    from depthlib import data
+    from depthlib.models import load_model
     with pytest.raises(InputError, match="unknown model 'gpt-17'"):
-        data.load_model("gpt-17")
+        load_model("gpt-17")
     with pytest.raises(InputError, match="dtype"):
-        data.load_model("smollm2-135m", dtype="int3")
+        load_model("smollm2-135m", dtype="int3")
 
 
 def test_load_model_from_local_folder_and_cli(tmp_path, tokenizer, monkeypatch, capsys):
     """A saved tiny model loads by path; `depthlib probe --json` runs on it and caches the run."""
     import json
 
-    from depthlib import cli, data
+    from depthlib import cli
+    from depthlib.models import load_model
     folder = tmp_path / "tiny"
     _vocab_model(tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    model, tok = data.load_model(str(folder))
+    model, tok = load_model(str(folder))
     assert not model.training and tok.pad_token is not None
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join(TEXTS))
@@ -377,10 +379,10 @@ def test_load_model_from_local_folder_and_cli(tmp_path, tokenizer, monkeypatch, 
 def test_offline_smollm2_probe_end_to_end():
     """SmolLM2-135M on two short SOTU documents: pre-norm h_L, lens at L-1 = model loss, sane angles."""
     from depthlib import data
-    from depthlib.probes.arch import arch_of
+    from depthlib.models import arch_of, load_model
     from depthlib.probes.stream import ProbeConfig, probe_documents
     try:
-        model, tok = data.load_model("smollm2-135m")
+        model, tok = load_model("smollm2-135m")
     except InputError as err:
         pytest.skip(str(err))
     assert arch_of(model).n_layers == 30
@@ -399,3 +401,69 @@ def test_offline_smollm2_probe_end_to_end():
     assert theta.shape == (30,) and np.all((theta > 0) & (theta < np.pi))
     ce = res.profile("ce_last_block")
     assert 0.5 < ce[-1] < 8  # a real LM's loss on English, in nats
+
+
+# ---- issue 9: per-document profiles, middle ranges, special tokens, weight-noise sensitivity ---------------
+def test_docs_table_holds_each_documents_mean_angle_profile(tokenizer):
+    """The per-document angle profile (what a replay of a committed run compares) equals that document alone."""
+    from depthlib.probes.stream import ProbeConfig, probe_documents
+    model = _vocab_model(tokenizer)
+    cfg = ProbeConfig(max_length=24, batch_size=3, dtype="float32", lenses=False, reservoir_size=100)
+    res = probe_documents(model, tokenizer, TEXTS, cfg, progress=False)
+    for i, text in enumerate(TEXTS):
+        enc = tokenizer([text], return_tensors="pt", truncation=True, max_length=24)
+        tap = tap_hidden_states(model, enc["input_ids"], enc["attention_mask"])
+        alone = token_metrics(tap.hidden, enc["input_ids"], enc["attention_mask"]).theta.double().mean(0).numpy()
+        row = res.docs.iloc[i]
+        np.testing.assert_allclose([row[f"theta_{l}"] for l in range(4)], alone, atol=1e-5)
+
+
+def test_middle_ranges_cover_the_same_blocks():
+    from depthlib.measures import middle_blocks, middle_update_pairs
+    from depthlib.probes.metrics import middle_mean, middle_update_mean
+    L = 6
+    assert list(range(L))[middle_blocks(L)] == [1, 2, 3, 4]            # θ_l of blocks 2..L-1 (paper numbering)
+    assert list(range(L - 1))[middle_update_pairs(L)] == [1, 2, 3]     # pairs (1,2), (2,3), (3,4): no first/last block
+    assert middle_update_mean(np.array([9.0, 1.0, 2.0, 3.0, 9.0]), L) == pytest.approx(2.0)
+    assert middle_mean(np.array([9.0, 1.0, 2.0, 3.0, 4.0, 9.0])) == pytest.approx(2.5)
+    assert list(range(2))[middle_blocks(2)] == [0, 1]                 # short nets keep all blocks
+
+
+def test_skip_special_tokens_drops_them_from_every_statistic(tokenizer):
+    from depthlib.probes.stream import ProbeConfig, probe_documents
+    model = _vocab_model(tokenizer)
+    eos = tokenizer.eos_token_id
+    texts = [t + tokenizer.eos_token + " more text after the end token" for t in TEXTS[:3]]
+    keep = probe_documents(model, tokenizer, texts, ProbeConfig(max_length=40, dtype="float32", lenses=False),
+                           progress=False)
+    skip = probe_documents(model, tokenizer, texts, ProbeConfig(max_length=40, dtype="float32", lenses=False,
+                                                                skip_special_tokens=True), progress=False)
+    assert (keep.tokens["token"] == eos).any() and not (skip.tokens["token"] == eos).any()
+    assert skip.info["n_tokens"] == keep.info["n_tokens"] - int((keep.tokens["token"] == eos).sum())
+    assert eos in skip.info["special_token_ids"]
+
+
+def test_perturb_weights_adds_relative_noise_to_matrices_only(tokenizer):
+    from depthlib.probes.stream import perturb_weights
+    a, b = _vocab_model(tokenizer), _vocab_model(tokenizer)
+    perturb_weights(b, 0.08, seed=3)
+    for (name, wa), (_, wb) in zip(a.named_parameters(), b.named_parameters()):
+        if wa.ndim < 2:
+            assert torch.equal(wa, wb), name
+        else:
+            ratio = ((wb - wa).std() / wa.std()).item()
+            assert 0.07 < ratio < 0.09, (name, ratio)
+    c = perturb_weights(_vocab_model(tokenizer), 0.08, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(b.parameters(), c.parameters()))     # seeded
+    assert perturb_weights(a, 0.0) is a
+
+
+def test_small_cluster_reports_special_tokens_and_position_zero_share():
+    from depthlib.probes.trajectory import TrajectoryAnalysis, small_cluster_tokens
+    tokens = pd.DataFrame({"position": [0, 1, 2, 0, 1, 2], "token": [7, 5, 6, 7, 8, 9]})
+    label = np.array(["stops early", "evenly", "evenly", "stops early", "evenly", "evenly"])
+    analysis = TrajectoryAnalysis(coords=np.zeros((6, 2)), ideal_coords={}, explained=np.zeros(2), label=label,
+                                  fractions={"evenly": 4 / 6, "stops early": 2 / 6}, ideals={}, cluster_means={})
+    out = small_cluster_tokens(tokens, analysis, special_ids=[7])
+    assert out["share_special"] == 1.0 and out["fraction_without_special"] == 0.0
+    assert out["ratio_to_position_0_share"] == pytest.approx(1.0) and out["share_position_0"] == 1.0

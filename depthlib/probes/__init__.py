@@ -19,7 +19,7 @@ from dataclasses import asdict
 import pandas as pd
 
 from depthlib import results
-from depthlib.probes.stream import ProbeConfig, ProbeResult, probe_documents, summarize
+from depthlib.probes.stream import ProbeConfig, ProbeResult, load_probed_model, probe_documents, summarize
 
 EXPERIMENT_PREFIX = "probes-"
 TABLES = ("layers", "histograms", "tokens", "docs")
@@ -57,7 +57,7 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
         return run
     t0 = time.perf_counter()
     docs = data.corpus(corpus, n_docs)
-    m, tok = data.load_model(model, dtype=cfg.torch_dtype, device=cfg.device)
+    m, tok = load_probed_model(model, cfg)
     res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model)
     for name in TABLES:
         run.write_table(name, getattr(res, name))
@@ -83,7 +83,15 @@ def depth_table(runs: dict[str, results.Run]) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("n_layers").reset_index(drop=True) if rows else pd.DataFrame(rows)
 
 
-from depthlib.probes.chapter import PROFILES, ProbeProfile, chapter_runs, replay  # noqa: E402  (needs run_probe)
+from depthlib.probes.chapter import (  # noqa: E402  (needs run_probe)
+    PROFILES,
+    ProbeProfile,
+    chapter_runs,
+    replay,
+    sensitivity_runs,
+    sensitivity_table,
+)
 
 __all__ = ["CODE", "PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "chapter_runs", "depth_table",
-           "experiment_name", "load_result", "probe_documents", "probe_key", "replay", "run_probe", "summarize"]
+           "experiment_name", "load_result", "probe_documents", "probe_key", "replay", "run_probe", "sensitivity_runs",
+           "sensitivity_table", "summarize"]

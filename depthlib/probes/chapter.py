@@ -5,6 +5,7 @@ model, each found by :func:`depthlib.results.chapter_run`, computed if there is 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -13,7 +14,7 @@ import pandas as pd
 
 from depthlib import results
 from depthlib.errors import InputError
-from depthlib.probes.stream import ProbeConfig, probe_documents
+from depthlib.probes.stream import ProbeConfig, load_probed_model, probe_documents
 
 
 @dataclass(frozen=True)
@@ -24,17 +25,25 @@ class ProbeProfile:
     corpus: str
     n_docs: int
     config: ProbeConfig = field(default_factory=ProbeConfig)
+    # sensitivity to a second quantisation-sized perturbation of the (4-bit GGUF) weights: which model, how many
+    # documents, and the relative noise levels ε (0 is the unperturbed baseline on the same documents)
+    sensitivity_model: str | None = None
+    sensitivity_docs: int = 0
+    sensitivity_noise: tuple[float, ...] = ()
 
 
 PROFILES = {
     # seconds: proves the code path on both offline models
     "smoke": ProbeProfile(("gemma-3-270m", "smollm2-135m"), "sotu", 2,
                           ProbeConfig(max_length=32, batch_size=2, lens_tokens_per_doc=8,
-                                      reservoir_size=2000)),
+                                      reservoir_size=2000),
+                          sensitivity_model="smollm2-135m", sensitivity_docs=2, sensitivity_noise=(0.0, 0.08)),
     # minutes on 2 CPU cores (fp32: faster than bf16 on AVX2): the 128 newest addresses, 256 tokens each
     "cpu": ProbeProfile(("gemma-3-270m", "smollm2-135m"), "sotu", 128,
                         ProbeConfig(max_length=256, batch_size=8, lens_tokens_per_doc=4, lens_docs=32,
-                                    reservoir_size=20_000)),
+                                    reservoir_size=20_000),
+                        sensitivity_model="smollm2-135m", sensitivity_docs=32,
+                        sensitivity_noise=(0.0, 0.04, 0.08, 0.16)),
     # the paper (§2.1): Pythia suite on FineWeb, 4800 docs x 1024 tokens, on a GPU with hub access
     "paper": ProbeProfile(tuple(f"EleutherAI/pythia-{s}" for s in ("70m", "160m", "410m", "1b", "1.4b")),
                           "fineweb", 4800,
@@ -43,14 +52,30 @@ PROFILES = {
 }
 
 
-def _expected(model: str):
-    """Config of ``model``'s run under each profile that probes it (None where the profile does not)."""
-    from depthlib.probes import probe_key
+def _spec(profile: str, model: str, weight_noise: float | None = None):
+    """(corpus, n_docs, config) of ``model``'s run under ``profile``: a main run, or a sensitivity run at ε =
+    ``weight_noise``; None where the profile has no such run."""
+    p = PROFILES.get(profile)
+    if p is None:
+        return None
+    if weight_noise is None:
+        return (p.corpus, p.n_docs, p.config) if model in p.models else None
+    if model != p.sensitivity_model or weight_noise not in p.sensitivity_noise:
+        return None
+    return p.corpus, p.sensitivity_docs, dataclasses.replace(p.config, weight_noise=float(weight_noise))
 
-    def expected(profile: str) -> dict | None:
-        p = PROFILES.get(profile)
-        return probe_key(model, p.corpus, p.n_docs, p.config) if p is not None and model in p.models else None
-    return expected
+
+def _chapter_run(profile: str, model: str, weight_noise: float | None, rerun: bool, progress: bool) -> results.Run:
+    from depthlib.probes import experiment_name, probe_key, run_probe
+
+    def expected(prof: str) -> dict | None:
+        spec = _spec(prof, model, weight_noise)
+        return probe_key(model, *spec) if spec else None
+    corpus, n_docs, config = _spec(profile, model, weight_noise)
+    return results.chapter_run(
+        experiment_name(model), profile,
+        lambda: run_probe(model, corpus, n_docs, config, profile=profile, progress=progress),
+        expected_config=expected, rerun=rerun)
 
 
 def chapter_runs(profile: str = "smoke", *, extra_models: Sequence[str] = (), rerun: bool = False,
@@ -58,37 +83,61 @@ def chapter_runs(profile: str = "smoke", *, extra_models: Sequence[str] = (), re
     """The run of every model chapter 2 shows for ``profile``: the profile's models (computed if missing, e.g.
     ``paper`` probes Pythia on FineWeb and never falls back to a ``cpu`` run) and ``extra_models``, whose runs
     must exist already (made by ``depthlib probe --model NAME ...``; the best one of that model is shown)."""
-    from depthlib.probes import experiment_name, run_probe
+    from depthlib.probes import experiment_name
     results.check_profile(profile)
-    p = PROFILES[profile]
-    runs = {}
-    for model in p.models:
-        runs[model] = results.chapter_run(
-            experiment_name(model), profile, lambda m=model: run_probe(m, p.corpus, p.n_docs, p.config, profile=profile,
-                                                                    progress=progress),
-            expected_config=_expected(model), rerun=rerun)
+    runs = {model: _chapter_run(profile, model, None, rerun, progress) for model in PROFILES[profile].models}
     for model in extra_models:
         if model in runs:
             continue
         run = results.select_run(experiment_name(model), profile, rerun=rerun, include_custom=True,
-                                 expected_config=_expected(model))
+                                 expected_config=lambda prof, m=model: _expected_main(prof, m))
         if run is None:
             raise InputError(f"no probe run of {model!r} yet: run `depthlib probe --model {model} ...` first")
         runs[model] = run
     return runs
 
 
+def _expected_main(profile: str, model: str) -> dict | None:
+    from depthlib.probes import probe_key
+    spec = _spec(profile, model)
+    return probe_key(model, *spec) if spec else None
+
+
+def sensitivity_runs(profile: str = "smoke", *, rerun: bool = False, progress: bool = False) -> dict[float, results.Run]:
+    """The profile's weight-noise sensitivity runs, {ε: run} (ε = 0 is the unperturbed baseline on the same
+    documents), each found or computed like every chapter run."""
+    results.check_profile(profile)
+    p = PROFILES[profile]
+    return {eps: _chapter_run(profile, p.sensitivity_model, eps, rerun, progress) for eps in p.sensitivity_noise}
+
+
+def sensitivity_table(runs: dict[float, results.Run]) -> pd.DataFrame:
+    """One row per noise level ε: middle-block mean angle and mean update angle (same middle range), model loss,
+    and their change from ε = 0."""
+    rows = []
+    for eps, run in sorted(runs.items()):
+        s = run.manifest["summary"]
+        rows.append({"weight noise ε (× std W)": eps, "middle-block angle (rad)": s["theta_middle_mean"],
+                     "update angle θ(Δh) (rad)": s["theta_dh_mean"],
+                     "model loss (nats/token)": (s.get("ce_logit_by_layer") or [np.nan])[-1],
+                     "documents": s["n_docs"], "tokens": s["n_tokens"]})
+    table = pd.DataFrame(rows)
+    if len(table) and 0.0 in runs:
+        for col in ("middle-block angle (rad)", "update angle θ(Δh) (rad)", "model loss (nats/token)"):
+            table[f"Δ {col.split(' (')[0]}"] = table[col] - table[col].iloc[0]
+    return table
+
+
 def replay(run: results.Run, n_batches: int = 1) -> pd.DataFrame:
     """Probe the first ``n_batches`` batches of documents of a run again with the current code; returns each
     document's per-block mean angle, committed and recomputed (columns ``committed``, ``replayed``)."""
     from depthlib import data
-    from depthlib.models import load_model
     cfg_dict = dict(run.config)
     model, corpus, n_docs = cfg_dict.pop("model"), cfg_dict.pop("corpus"), cfg_dict.pop("n_docs")
     cfg_dict.pop("dtype")
     cfg = ProbeConfig(**{**cfg_dict, "device": "cpu"})
     docs = data.corpus(corpus, min(n_docs, n_batches * cfg.batch_size))
-    m, tok = load_model(model, dtype=cfg.torch_dtype, device="cpu")
+    m, tok = load_probed_model(model, cfg)
     fresh = probe_documents(m, tok, docs, cfg, progress=False, model_name=model).docs
     committed = run.table("docs")
     cols = [c for c in committed.columns if c.startswith("theta_")]

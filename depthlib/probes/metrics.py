@@ -19,7 +19,7 @@ resolve angles below ≈ 0.088 rad; anchors §E.6).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -62,6 +62,10 @@ class TokenMetrics:
 
     def get(self, name: str) -> torch.Tensor:
         return getattr(self, name)
+
+    def select(self, keep: torch.Tensor) -> "TokenMetrics":
+        """The tokens where the (N,) bool mask ``keep`` is true."""
+        return TokenMetrics(*(getattr(self, f.name)[keep] for f in fields(self)))
 
 
 def token_metrics(hidden: list[torch.Tensor] | torch.Tensor, input_ids: torch.Tensor,

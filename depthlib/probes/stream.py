@@ -23,10 +23,11 @@ import pandas as pd
 import torch
 
 from depthlib.errors import InputError
-from depthlib.probes.arch import arch_of
+from depthlib.models.arch import arch_of
 from depthlib.probes.lenses import LENSES, MAX_LOGIT_ELEMENTS, lens_losses
 from depthlib.probes.metrics import METRICS, middle_mean, middle_update_mean, token_metrics, valid_mask
 from depthlib.probes.tap import tap_hidden_states
+from depthlib.validate import finite, resolve_device
 
 ANGLE_METRICS = ("theta", "theta_dh", "angle_to_end")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,6 +51,9 @@ class ProbeConfig:
     seed: int = 0                    # reservoir and lens-token sampling
     add_special_tokens: bool = True  # Gemma adds <bos>, Pythia/SmolLM2 add nothing (§2.1)
     max_logit_elements: int = MAX_LOGIT_ELEMENTS  # fp32 logits alive at once in the lenses
+    skip_special_tokens: bool = False  # drop special tokens (Gemma's <bos>) from every per-token statistic
+    weight_noise: float = 0.0        # ε > 0 adds N(0, (ε·std W)²) to every weight matrix (seeded): the sensitivity
+                                     # of the numbers to a second quantisation-sized perturbation (issue 9)
 
     def validate(self) -> "ProbeConfig":
         if self.max_length < 2:
@@ -58,10 +62,9 @@ class ProbeConfig:
             raise InputError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise InputError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise InputError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise InputError("device 'cuda' requested but torch sees no CUDA device")
+        resolve_device(self.device)
+        if not finite("weight_noise", self.weight_noise) >= 0:
+            raise InputError(f"weight_noise must be >= 0, got {self.weight_noise:g}")
         if self.lens_tokens_per_doc is not None and self.lens_tokens_per_doc < 1:
             raise InputError(f"lens_tokens_per_doc must be >= 1 or None, got {self.lens_tokens_per_doc}")
         return self
@@ -158,6 +161,31 @@ def _release_freed_memory() -> None:
 _MALLOC_TRIM = None
 
 
+@torch.no_grad()
+def perturb_weights(model, relative_std: float, seed: int = 0):
+    """Add N(0, (ε·std W)²) noise to every weight matrix of ``model`` in place (ε = ``relative_std``; vectors such as
+    norms and biases are left alone); returns the model. Models that share their embedding and head are perturbed
+    once. Used to measure how much a second quantisation-sized perturbation moves the probes' numbers."""
+    if relative_std <= 0:
+        return model
+    g = torch.Generator().manual_seed(seed)
+    seen = set()
+    for name, w in model.named_parameters():
+        if w.ndim < 2 or w.data_ptr() in seen:
+            continue
+        seen.add(w.data_ptr())
+        noise = torch.randn(w.shape, generator=g, dtype=torch.float32)
+        w.add_((noise * (relative_std * w.float().std())).to(w.dtype))
+    return model
+
+
+def load_probed_model(name: str, config: "ProbeConfig"):
+    """The model and tokenizer a probe run measures: loaded, and perturbed if ``config.weight_noise`` > 0."""
+    from depthlib.models import load_model
+    model, tok = load_model(name, dtype=config.torch_dtype, device=config.device)
+    return perturb_weights(model, config.weight_noise, config.seed), tok
+
+
 def _batches(items: Sequence, size: int) -> Iterable[tuple[int, Sequence]]:
     for start in range(0, len(items), size):
         yield start, items[start:start + size]
@@ -182,6 +210,7 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
     tokenizer.padding_side = "right"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    special_ids = sorted(set(getattr(tokenizer, "all_special_ids", []) or []))
 
     widths = {"theta": L, "theta_dh": L - 1, "norms": L + 1, "angle_to_end": L, "progress": L + 1}
     moments = {m: _Moments(widths[m]) for m in METRICS}
@@ -206,6 +235,8 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
         mask = enc["attention_mask"].to(cfg.device)
         tap = tap_hidden_states(model, ids, mask, arch=arch)
         m = token_metrics(tap.hidden, ids, mask)
+        if cfg.skip_special_tokens and special_ids:
+            m = m.select(~torch.isin(m.token, torch.tensor(special_ids, device=m.token.device)))
         for name in METRICS:
             moments[name].add(m.get(name))
         for name in ANGLE_METRICS:
@@ -263,6 +294,7 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
     info = dict(model=model_name or getattr(model.config, "_name_or_path", ""), architecture=arch.name,
                 model_type=arch.model_type, n_layers=L, d_model=arch.d_model, vocab_size=arch.vocab_size,
                 n_docs=len(docs), n_tokens=int(n_tokens), dtype=str(dtype).replace("torch.", ""),
+                special_token_ids=special_ids,
                 probe_seconds=round(time.perf_counter() - t_start, 3),
                 config=asdict(cfg))
     return ProbeResult(layers, histograms, tokens, pd.DataFrame(doc_rows), info)

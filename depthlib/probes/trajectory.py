@@ -91,17 +91,25 @@ def analyze_trajectories(theta: np.ndarray, stop_after: int = 2, n_iter: int = 5
     return TrajectoryAnalysis(coords, ideal_coords, explained, label, fractions, ideals, means)
 
 
-def small_cluster_tokens(tokens: pd.DataFrame, analysis: TrajectoryAnalysis) -> dict:
-    """Who falls in the smaller cluster: count and share at document positions 0 and ≤ 1 (BOS models)."""
+def small_cluster_tokens(tokens: pd.DataFrame, analysis: TrajectoryAnalysis, special_ids=()) -> dict:
+    """Who falls in the smaller cluster: its share of tokens, of special tokens (``special_ids``, e.g. Gemma's
+    <bos>) and of document positions 0 and ≤ 1, its share once special tokens are left out, and its size relative
+    to the position-0 share of all sampled tokens (≈ 1 means "the first token of each document", so the cluster's
+    size says how long the documents are, not how many tokens stop early)."""
     small = min(analysis.fractions, key=analysis.fractions.get)
     inside = analysis.label == small
     pos = tokens["position"].to_numpy()
+    special = tokens["token"].isin(list(special_ids)).to_numpy()
     n = int(inside.sum())
+    pos0 = float(np.mean(pos == 0))
     return dict(cluster=small, n_tokens=n,
                 fraction_of_tokens=float(inside.mean()),
                 share_position_0=float(np.mean(pos[inside] == 0)) if n else float("nan"),
                 share_position_le_1=float(np.mean(pos[inside] <= 1)) if n else float("nan"),
-                share_position_0_overall=float(np.mean(pos == 0)))
+                share_special=float(np.mean(special[inside])) if n else float("nan"),
+                fraction_without_special=float(inside[~special].mean()) if (~special).any() else float("nan"),
+                share_position_0_overall=pos0,
+                ratio_to_position_0_share=float(inside.mean() / pos0) if pos0 else float("nan"))
 
 
 def fit_depth_exponent(depths, middle_angles) -> dict:
