@@ -74,7 +74,7 @@ def _cmd_fit(args) -> dict[str, Any]:
 def _add_book(sub) -> None:
     p = sub.add_parser("book", help="execute every notebook with papermill and build the HTML book (_build/html)")
     p.add_argument("--profile", choices=PROFILES, default="cpu")
-    p.add_argument("--out", default="_build", help="build folder (default: _build)")
+    p.add_argument("--out", default="_build", help="build folder (default: _build); the HTML goes to OUT/html")
     p.add_argument("--only", nargs="*", default=None, metavar="NOTEBOOK",
                    help="execute only these notebooks (names or stems); the others are copied unexecuted")
     p.add_argument("--rerun", action="store_true",
@@ -118,12 +118,8 @@ def _cmd_toy(args) -> dict[str, Any]:
     from depthlib import validate
     from depthlib.toy import chapter, sweep
     if args.threads is not None:
-        if args.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {args.threads}")
         import torch
-        torch.set_num_threads(args.threads)
-    if args.steps is not None and args.steps < 1:
-        raise InputError(f"--steps must be >= 1, got {args.steps}")
+        torch.set_num_threads(validate.int_in_range("--threads", args.threads, 1, 1024))
     validate.resolve_device(args.device)
     cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature, depths=args.depths,
                                steps=args.steps, replicates=args.replicates,
@@ -182,10 +178,6 @@ def _add_probe(sub) -> None:
 def _cmd_probe(args) -> dict[str, Any]:
     from depthlib import probes
     from depthlib.probes import trajectory
-    if args.docs < 1:
-        raise InputError(f"--docs must be >= 1, got {args.docs}")
-    if args.lens_tokens < 0:
-        raise InputError(f"--lens-tokens must be >= 0, got {args.lens_tokens}")
     cfg = probes.ProbeConfig(max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
                              device=args.device, lenses=not args.no_lenses,
                              lens_tokens_per_doc=args.lens_tokens or None, lens_docs=args.lens_docs, seed=args.seed)

@@ -467,3 +467,28 @@ def test_small_cluster_reports_special_tokens_and_position_zero_share():
     out = small_cluster_tokens(tokens, analysis, special_ids=[7])
     assert out["share_special"] == 1.0 and out["fraction_without_special"] == 0.0
     assert out["ratio_to_position_0_share"] == pytest.approx(1.0) and out["share_position_0"] == 1.0
+
+
+def test_probe_resumes_after_an_interruption_with_identical_results(tokenizer, tmp_path, monkeypatch):
+    """Issue 10: the probe saves its running statistics as it goes; a rerun resumes and equals one pass."""
+    from depthlib.probes import stream
+    model = _vocab_model(tokenizer)
+    cfg = stream.ProbeConfig(max_length=24, batch_size=1, dtype="float32", lens_tokens_per_doc=2,
+                             reservoir_size=7, histogram_bins=30)
+    whole = stream.probe_documents(model, tokenizer, TEXTS, cfg, progress=False)
+    real, calls = stream.token_metrics, {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(stream, "token_metrics", interrupted)
+    ckpt = tmp_path / "checkpoint.pt"
+    with pytest.raises(KeyboardInterrupt):
+        stream.probe_documents(model, tokenizer, TEXTS, cfg, progress=False, checkpoint=ckpt, checkpoint_every=1)
+    assert ckpt.exists()
+    monkeypatch.setattr(stream, "token_metrics", real)
+    resumed = stream.probe_documents(model, tokenizer, TEXTS, cfg, progress=False, checkpoint=ckpt, checkpoint_every=1)
+    for name in ("layers", "histograms", "tokens", "docs"):
+        pd.testing.assert_frame_equal(getattr(resumed, name), getattr(whole, name), check_exact=True)

@@ -58,11 +58,15 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
     t0 = time.perf_counter()
     docs = data.corpus(corpus, n_docs)
     m, tok = load_probed_model(model, cfg)
-    res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model)
+    run.path.mkdir(parents=True, exist_ok=True)
+    load_s = time.perf_counter() - t0
+    res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model,
+                          checkpoint=run.path / "checkpoint.pt")    # saves as it goes; a rerun resumes
     for name in TABLES:
         run.write_table(name, getattr(res, name))
-    run.finish(profile=profile, seed=cfg.seed, wall_time_s=time.perf_counter() - t0, device=cfg.device, code=CODE,
+    run.finish(profile=profile, seed=cfg.seed, wall_time_s=load_s + res.info["probe_seconds"], device=cfg.device, code=CODE,
                summary=res.summary(), model=model, corpus=corpus)
+    (run.path / "checkpoint.pt").unlink(missing_ok=True)
     return run
 
 

@@ -13,9 +13,11 @@ So memory is flat in the number of documents. Everything is returned as tidy pan
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -27,7 +29,7 @@ from depthlib.models.arch import arch_of
 from depthlib.probes.lenses import LENSES, MAX_LOGIT_ELEMENTS, lens_losses
 from depthlib.probes.metrics import METRICS, middle_mean, middle_update_mean, token_metrics, valid_mask
 from depthlib.probes.tap import tap_hidden_states
-from depthlib.validate import finite, resolve_device
+from depthlib.validate import finite, int_in_range, resolve_device
 
 ANGLE_METRICS = ("theta", "theta_dh", "angle_to_end")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -66,7 +68,12 @@ class ProbeConfig:
         if not finite("weight_noise", self.weight_noise) >= 0:
             raise InputError(f"weight_noise must be >= 0, got {self.weight_noise:g}")
         if self.lens_tokens_per_doc is not None and self.lens_tokens_per_doc < 1:
-            raise InputError(f"lens_tokens_per_doc must be >= 1 or None, got {self.lens_tokens_per_doc}")
+            raise InputError(f"lens tokens per document must be >= 1 (or all), got {self.lens_tokens_per_doc}")
+        if self.lens_docs is not None and self.lens_docs < 1:
+            raise InputError(f"lens documents must be >= 1 (or all), got {self.lens_docs}")
+        int_in_range("seed", self.seed, 0, 2**63 - 1)
+        int_in_range("reservoir size", self.reservoir_size, 1)
+        int_in_range("histogram bins", self.histogram_bins, 1, 100_000)
         return self
 
     @property
@@ -186,6 +193,16 @@ def load_probed_model(name: str, config: "ProbeConfig"):
     return perturb_weights(model, config.weight_noise, config.seed), tok
 
 
+def _save_state(path: Path, state: dict) -> None:
+    """Write a probe checkpoint atomically (a crash leaves the previous one)."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _batches(items: Sequence, size: int) -> Iterable[tuple[int, Sequence]]:
     for start in range(0, len(items), size):
         yield start, items[start:start + size]
@@ -193,11 +210,14 @@ def _batches(items: Sequence, size: int) -> Iterable[tuple[int, Sequence]]:
 
 @torch.no_grad()
 def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig | None = None,
-                    *, progress: bool = True, model_name: str | None = None) -> ProbeResult:
+                    *, progress: bool = True, model_name: str | None = None,
+                    checkpoint: Path | None = None, checkpoint_every: int = 4) -> ProbeResult:
     """Stream documents through ``model`` and aggregate the metrics of §2.4 and the lenses of §2.5.
 
     ``documents`` are :class:`depthlib.data.Document` (or plain strings). Each is truncated to
     ``config.max_length`` tokens; batches are right-padded to their longest document.
+    With ``checkpoint`` (a file path), the running statistics are saved every ``checkpoint_every`` batches and a
+    later call with the same documents and config resumes after the last saved batch, with identical results.
     """
     cfg = (config or ProbeConfig()).validate()
     if len(documents) == 0:
@@ -205,6 +225,9 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
     docs = [(getattr(d, "doc_id", str(i)), getattr(d, "text", d)) for i, d in enumerate(documents)]
     arch = arch_of(model)
     L = arch.n_layers
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if limit is not None and cfg.max_length > limit:
+        raise InputError(f"max_length {cfg.max_length} exceeds the model's position limit of {limit} tokens")
     dtype = cfg.torch_dtype
     model.to(device=cfg.device, dtype=dtype)
     tokenizer.padding_side = "right"
@@ -225,8 +248,22 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
     from tqdm.auto import tqdm
     bar = tqdm(total=len(docs), desc=f"probe {model_name or arch.name}",
                unit="doc", disable=not progress, file=sys.stderr)
-    n_tokens = 0
-    for start, batch in _batches(docs, cfg.batch_size):
+    n_tokens, resume_at = 0, 0
+    fingerprint = {"config": asdict(cfg), "docs": [d for d, _ in docs]}
+    if checkpoint is not None and Path(checkpoint).exists():
+        try:
+            state = torch.load(checkpoint, weights_only=False)
+        except Exception:  # noqa: BLE001 - a truncated checkpoint is ignored: start again
+            state = None
+        if state is not None and state["fingerprint"] == fingerprint:
+            moments, lens_moments, hist, reservoir = (state[k] for k in ("moments", "lens_moments", "hist", "reservoir"))
+            doc_rows, n_tokens, resume_at = state["doc_rows"], state["n_tokens"], state["next_start"]
+            rng.set_state(state["rng"])
+            t_start -= state["seconds"]
+    for i_batch, (start, batch) in enumerate(_batches(docs, cfg.batch_size)):
+        if start < resume_at:
+            bar.update(len(batch))
+            continue
         # cheap pre-truncation: long speeches need not be tokenised in full
         texts = [text[: cfg.max_length * 16] for _, text in batch]
         enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
@@ -271,6 +308,11 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
         if cfg.device == "cpu":
             _release_freed_memory()
         bar.update(len(batch))
+        if checkpoint is not None and (i_batch + 1) % checkpoint_every == 0 and start + len(batch) < len(docs):
+            _save_state(Path(checkpoint), dict(
+                fingerprint=fingerprint, moments=moments, lens_moments=lens_moments, hist=hist, reservoir=reservoir,
+                doc_rows=doc_rows, n_tokens=n_tokens, next_start=start + len(batch), rng=rng.get_state(),
+                seconds=time.perf_counter() - t_start))
     bar.close()
 
     rows = []
