@@ -48,3 +48,18 @@ def test_bad_input_exits_2_with_one_line(args, message):
     lines = out.stderr.strip().splitlines()
     assert len(lines) >= 1 and message in lines[-1], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_fit_classic_chinchilla_law(capsys):
+    """`depthlib fit --law chinchilla` fits L = E + A/N^α + B/D^β (with a bootstrap); the depth offset is refused."""
+    assert cli.main(["fit", "--law", "chinchilla", "--json", "--bootstrap", "10"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["law"] == "chinchilla" and result["n_points"] == 203
+    assert {"alpha_N", "alpha_D", "c_N", "c_D", "L0"} <= set(result) and "alpha_l" not in result
+    assert 0.2 < result["alpha_N"] < 0.6 and result["mean_rel_err"] < 0.006
+    assert set(result["se"]) == {"alpha_N", "alpha_D", "L0", "ln_c_N", "ln_c_D"}
+    assert set(result["bootstrap"]) >= {"alpha_N", "alpha_D", "L0"}
+    for args, message in ((["--depth-offset", "2"], "--depth-offset applies to the decomposed law only"),
+                          (["--preset", "paper"], "the paper preset uses the paper's objective")):
+        out = run("fit", "--law", "chinchilla", *args)
+        assert out.returncode == 2 and out.stdout == "" and message in out.stderr.strip().splitlines()[-1], out.stderr

@@ -173,10 +173,15 @@ def exclusion_scan(scan: pd.DataFrame, paper_scan: pd.DataFrame | None = None) -
 
 
 def width_depth_optimum(fit: scaling.Fit, df: pd.DataFrame) -> go.Figure:
-    """The compute-optimal width for each depth implied by the fit, with Chinchilla's own shapes."""
+    """The compute-optimal width for each depth implied by the fit, with Chinchilla's own shapes.
+
+    For a fit with depth offset 2 the optimum is under N ∝ m²(ℓ − 2), not the parameter count; the title says so."""
     opt = scaling.width_depth_optimum(fit)
     shapes = df[["d_model", "n_layers"]].drop_duplicates()
-    fig = plots.new_figure(f"Width–depth optimum: m* ∝ ℓ^{opt['m_vs_l_exponent']:.2f}, loss ∝ N^−{opt['N_exponent']:.3f}",
+    var = "(ℓ − 2)" if fit.points.depth_offset == 2 else "ℓ"
+    constraint = "at fixed m²(ℓ − 2), not the parameter count" if fit.points.depth_offset == 2 else "at fixed N ∝ m²ℓ"
+    fig = plots.new_figure(f"Width–depth optimum {constraint}: m* ∝ {var}^{opt['m_vs_l_exponent']:.2f}, "
+                           f"loss ∝ N^−{opt['N_exponent']:.3f}",
                            "depth ℓ (blocks, log)", "width m (d_model, log)", log_x=True, log_y=True)
     ell = np.geomspace(6, 80, 50)
     depth = ell - fit.points.depth_offset

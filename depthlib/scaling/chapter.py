@@ -1,0 +1,165 @@
+"""Chapter 1's glue: the profiles of the Chinchilla chapter, the run it shows, and its replay check.
+
+Every chapter has this module with the same names (design: "Every chapter has the same shape"): ``PROFILES``
+(smoke | cpu | paper settings), ``chapter_run(profile, rerun=...)`` (the run found by
+:func:`depthlib.results.chapter_run`, computed if there is none) and ``replay(run)`` (recompute a cheap part of a
+run with the current code and return the committed and recomputed numbers side by side).
+
+A run holds the chapter's expensive tables: ``bootstrap`` (one converged fit per resample), ``held_out`` (one row per
+80/20 split), ``exclusion_scan`` (converged fits for every number of excluded rows, depth ℓ and ℓ − 2) and, where the
+profile asks for it, ``paper_scan`` (the paper's 50k-step Adam at k = 1, 10, …, 100, as ``scanignore.py``). The
+single fits (paper preset, converged, ℓ − 2, Huber, the classic form) stay live in the notebook: they take seconds.
+The config holds the sha256 of the CSV the run was computed from, so another CSV is another run.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from depthlib import data, results
+from depthlib.errors import InputError
+from depthlib.scaling import law
+
+EXPERIMENT = "chinchilla"
+#: The modules whose code decides a run's numbers (its manifest records their fingerprint; not plots, cli, chapter).
+CODE = ("depthlib.scaling.law", "depthlib.data")
+
+
+@dataclass(frozen=True)
+class ChapterProfile:
+    """What the chapter computes under one profile (design: Profiles)."""
+
+    name: str
+    n_bootstrap: int                   # converged bootstrap resamples (the paper's bootstrap.py: 200 under-converged)
+    paper_scan: bool                   # also rerun the paper's Adam over the exclusion counts (≈ 1 min on 2 cores)
+    exclude: int = law.N_EXCLUDED_PAPER  # the paper's "drop the 40 highest losses" (strict rule: 42 rows)
+    seed: int = 0                      # seeds the bootstrap draws and the held-out splits
+    n_splits: int = 10                 # held-out 80/20 splits, as held_out_validation.py
+    scan_excludes: tuple[int, ...] = tuple(range(0, 101))          # converged scan: every k up to 100
+    scan_offsets: tuple[int, ...] = (0, 2)                          # depth ℓ and ℓ − 2 (fit-8)
+    paper_scan_excludes: tuple[int, ...] = (1,) + tuple(range(10, 101, 10))   # scanignore.py's k
+    adam_steps: int = 50_000           # the paper's run length (fit-5, scanignore.py)
+
+
+PROFILES: dict[str, ChapterProfile] = {
+    # seconds: a 200-resample bootstrap (the committed notebook, CI)
+    "smoke": ChapterProfile("smoke", n_bootstrap=200, paper_scan=False),
+    # a minute or two on 2 CPU cores: 1000 resamples and the paper's Adam scan
+    "cpu": ChapterProfile("cpu", n_bootstrap=1000, paper_scan=True),
+    # the same on any machine, with a tighter bootstrap (the fits are CPU work; no GPU needed)
+    "paper": ChapterProfile("paper", n_bootstrap=4000, paper_scan=True),
+}
+
+
+def csv_sha256(path: str | Path | None = None) -> str:
+    """sha256 of the Chinchilla CSV the chapter reads (:func:`depthlib.data.chinchilla_path`)."""
+    h = hashlib.sha256()
+    with open(data.chinchilla_path(path), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def chapter_config(profile: str, data_path: str | Path | None = None) -> dict:
+    """The results-cache config of a chapter run: the profile's settings and the CSV's sha256."""
+    results.check_profile(profile)
+    return {**asdict(PROFILES[profile]), "csv_sha256": csv_sha256(data_path)}
+
+
+def _tables(prof: ChapterProfile, df: pd.DataFrame) -> dict:
+    """Name -> how to compute it, in the order they are written (cheapest first)."""
+    tables = {
+        "held_out": lambda: law.held_out(df, n_splits=prof.n_splits, seed=prof.seed, exclude=prof.exclude),
+        "exclusion_scan": lambda: law.exclusion_scan(df, excludes=prof.scan_excludes, depth_offsets=prof.scan_offsets),
+        "bootstrap": lambda: law.bootstrap(df, n_resamples=prof.n_bootstrap, seed=prof.seed, exclude=prof.exclude),
+    }
+    if prof.paper_scan:
+        tables["paper_scan"] = lambda: law.exclusion_scan(df, excludes=prof.paper_scan_excludes, depth_offsets=(0,),
+                                                          preset="paper", steps=prof.adam_steps)
+    return tables
+
+
+def compute_chapter(profile: str = "smoke", *, data_path: str | Path | None = None) -> results.Run:
+    """Compute (or resume) the chapter's tables for ``profile`` in the local results cache; returns the Run.
+
+    Tables already written are kept, so an interrupted run resumes; a complete run computed by other code (stale
+    fingerprint) is recomputed from scratch."""
+    config = chapter_config(profile, data_path)
+    run = results.open_run(EXPERIMENT, config)
+    if run.complete and not run.stale:
+        return run
+    if run.complete:
+        shutil.rmtree(run.path)
+    prof = PROFILES[profile]
+    df = data.chinchilla(data_path)
+    start, before = time.perf_counter(), run.elapsed_before()
+    for name, compute in _tables(prof, df).items():
+        if not run.has(name):
+            run.write_table(name, compute())
+            run.record_elapsed(before + time.perf_counter() - start)
+    run.finish(profile=profile, seed=prof.seed, wall_time_s=before + time.perf_counter() - start, code=CODE,
+               n_runs=len(df), n_fitted=int((~law.excluded_mask(df["loss"].to_numpy(), prof.exclude)).sum()))
+    (run.path / "progress.json").unlink(missing_ok=True)
+    return run
+
+
+def chapter_run(profile: str = "smoke", *, rerun: bool = False, data_path: str | Path | None = None) -> results.Run:
+    """The run chapter 1 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`, among runs whose
+    config is a profile's current settings on this CSV); computed now if there is none."""
+    results.check_profile(profile)
+    sha = csv_sha256(data_path)
+
+    def expected(prof: str) -> dict | None:
+        return {**asdict(PROFILES[prof]), "csv_sha256": sha} if prof in PROFILES else None
+
+    return results.chapter_run(EXPERIMENT, profile, lambda: compute_chapter(profile, data_path=data_path),
+                               expected_config=expected, rerun=rerun)
+
+
+#: What :func:`replay` compares, per replayed fit.
+REPLAYED = ("alpha_m", "alpha_l", "alpha_D", "L0")
+
+
+def replay(run: results.Run, n_resamples: int = 3, data_path: str | Path | None = None) -> pd.DataFrame:
+    """Recompute, with the current code, the first ``n_resamples`` bootstrap resamples of a run (the same draws:
+    same seed and resample count) and its exclusion-scan row at the profile's exclusion, depth ℓ.
+
+    Returns one row per number, with the committed and the recomputed value side by side (columns ``committed``,
+    ``replayed``); they agree to float round-off when the code computes what it did. Takes about a second.
+    """
+    config = run.config
+    if config.get("csv_sha256") != csv_sha256(data_path):
+        raise InputError(f"run {run.experiment}/{run.key} was computed from another CSV (sha256 "
+                         f"{config.get('csv_sha256')}); point DEPTHLIB_DATA_DIR at that file to replay it")
+    df = data.chinchilla(data_path)
+    first = list(range(min(n_resamples, config["n_bootstrap"])))
+    replayed = law.bootstrap(df, n_resamples=config["n_bootstrap"], seed=config["seed"], exclude=config["exclude"],
+                             resamples=first).set_index("resample")
+    committed = run.table("bootstrap").set_index("resample")
+    rows = [{"table": "bootstrap", "row": f"resample {i}", "quantity": q,
+             "committed": float(committed.loc[i, q]), "replayed": float(replayed.loc[i, q])}
+            for i in first for q in REPLAYED]
+    k, offset = config["exclude"], config["scan_offsets"][0]
+    scan = run.table("exclusion_scan")
+    row = scan[(scan["exclude"] == k) & (scan["depth_offset"] == offset)]
+    if row.empty:
+        raise InputError(f"run {run.experiment}/{run.key} has no exclusion-scan row at k = {k}, offset {offset}")
+    again = law.exclusion_scan(df, excludes=[k], depth_offsets=[offset]).iloc[0]
+    rows += [{"table": "exclusion_scan", "row": f"exclude {k}, offset {offset}", "quantity": q,
+              "committed": float(row.iloc[0][q]), "replayed": float(again[q])} for q in REPLAYED + ("se_alpha_l",)]
+    return pd.DataFrame(rows)
+
+
+def describe(run: results.Run) -> dict:
+    """Provenance and settings of a run, for the chapter's text."""
+    m = run.manifest
+    c = m.get("config", {})
+    return {"profile": m.get("profile"), "device": m.get("device"), "date": m.get("created"),
+            "commit": m.get("git_sha"), "n_bootstrap": c.get("n_bootstrap"), "paper_scan": c.get("paper_scan"),
+            "exclude": c.get("exclude"), "seed": c.get("seed"), "n_splits": c.get("n_splits"),
+            "wall_time_s": m.get("wall_time_s")}
