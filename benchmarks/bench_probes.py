@@ -86,8 +86,8 @@ def throughput(model_name: str, n_docs: int, max_length: int, batch_size: int, d
     import torch
 
     from depthlib import data
+    from depthlib.models.arch import arch_of
     from depthlib.probes import ProbeConfig, probe_documents
-    from depthlib.probes.arch import arch_of
     cfg = ProbeConfig(max_length=max_length, batch_size=batch_size, dtype=dtype, device=device, lenses=False)
     cfg_lens = ProbeConfig(max_length=max_length, batch_size=batch_size, dtype=dtype, device=device, lenses=True,
                            lens_tokens_per_doc=lens_tokens)

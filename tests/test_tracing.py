@@ -1,4 +1,8 @@
-"""Causal tracing (paper §6, Fig. 6) on tiny random GPT-NeoX and Llama models built here (seconds, no files)."""
+"""Causal tracing (paper §6, Fig. 6) on tiny random models built here (seconds, no files).
+
+Most tests run on GPT-NeoX and Llama; restoration of every kind is also checked on GPT-2, OPT and Gemma 3
+(``tests/tiny.py``).
+"""
 from __future__ import annotations
 
 import json
@@ -9,6 +13,8 @@ import torch
 
 from depthlib import tracing
 from depthlib.errors import InputError
+from depthlib.models import arch_of, hooks
+from tests import tiny
 
 TEXTS = ["The Space Needle is in downtown Seattle.", "The Eiffel Tower is located in the city of Paris.",
          "Steve Jobs was the co-founder of Apple.", "The capital of Japan is Tokyo."] * 20
@@ -102,7 +108,7 @@ def test_window_restores_exactly_the_clipped_layers(tok):
 
 
 def test_restoring_every_site_gives_p_clean(model, tok):
-    arch = tracing.arch_of(model)
+    arch = arch_of(model)
     loc = tracing.locate(tok, PROMPT, SUBJECT, TARGET)
     clean, logits = tracing.clean_states(model, loc.input_ids, ("block",))
     p_clean = float(torch.softmax(logits, -1)[loc.target_id])
@@ -159,7 +165,7 @@ def test_seeded_noise_is_reproducible(model, tok):
 
 
 def test_noise_presets(model, tok):
-    arch = tracing.arch_of(model)
+    arch = arch_of(model)
     w = arch.embed.weight.detach().double()
     assert tracing.noise_sigma(model, tok, "paper") == pytest.approx(3 * float(w.std()), rel=1e-6)
     facts = tracing.load_facts()[:5]
@@ -205,7 +211,7 @@ def test_fact_set_file_and_average(model, tok):
 
 @pytest.mark.slow
 def test_gemma_space_needle():
-    from depthlib.data import load_model
+    from depthlib.models import load_model
     model, tok = load_model("gemma-3-270m", dtype=torch.float32)
     facts = tracing.load_facts()
     tracer = tracing.CausalTracer(model, tok, tracing.TraceConfig(samples=2), facts=facts)
@@ -261,4 +267,133 @@ def test_figures_build_from_tidy_tables(model, tok):
     names = {t.name.split(" (")[0] for t in fig2.data if t.name}
     assert names == {"last subject token · tiny", "last token · tiny"}
     groups = tracing.functional_groups(tracing.trace_facts(tracer, facts, kinds=("block",)))
-    assert len(groups) == 1 and groups["n_layers"].iloc[0] == tracing.arch_of(model).n_layers
+    assert len(groups) == 1 and groups["n_layers"].iloc[0] == arch_of(model).n_layers
+
+
+# ---- every kind on every family (GPT-2, OPT, GPT-NeoX, Llama, Gemma 3) -------------------------------
+@pytest.fixture(scope="module", params=tiny.ARCHS)
+def family_model(request, tok):
+    return tiny.model(request.param, len(tok), layers=3)
+
+
+def _with_clean_outputs(model, ids, noise_row, kind, clean_run_outputs, target_id) -> float:
+    """Reference: p(target) of a noisy one-row forward whose ``kind`` modules return their recorded clean outputs
+    (the raw objects the modules returned in the clean run, whatever their shape: no reshaping here)."""
+    arch = arch_of(model)
+    pairs = [(tracing.site_module(arch, kind, layer), lambda m, a, out, clean=clean: clean)
+             for layer, clean in enumerate(clean_run_outputs)]
+    add = [(arch.embed, lambda m, a, out: out + noise_row)]
+    with torch.no_grad(), hooks(add), hooks(pairs):
+        logits = model(input_ids=ids, use_cache=False).logits[:, -1]
+    return float(torch.softmax(logits.float(), -1)[0, target_id])
+
+
+@pytest.mark.parametrize("kind", tracing.KINDS)
+def test_restoring_every_site_or_none_on_every_family(family_model, tok, kind):
+    model = family_model
+    arch = arch_of(model)
+    loc = tracing.locate(tok, PROMPT, SUBJECT, TARGET)
+    ids, target, L, T = loc.input_ids, loc.target_id, arch.n_layers, loc.n_tokens
+    clean, logits = tracing.clean_states(model, ids, (kind,))
+    assert clean[kind].shape == (L, T, arch.d_model)  # (layers, tokens, d) in every family, OPT's MLP included
+    p_clean = float(torch.softmax(logits.float(), -1)[target])
+    noise = tracing.subject_noise(loc, arch.d_model, 2, 8.0, seed=0)
+    p_corrupt = tracing.patched_probs(model, ids, target, noise=noise)
+    assert not np.allclose(p_corrupt.numpy(), p_clean, rtol=1e-3)  # the noise matters
+    nothing = torch.zeros(2, L, T, dtype=torch.bool)
+    every = torch.ones(2, L, T, dtype=torch.bool)
+    # restoring nothing is the corrupted run
+    p_none = tracing.patched_probs(model, ids, target, noise=noise, kind=kind, restore=nothing, clean=clean[kind])
+    np.testing.assert_allclose(p_none.numpy(), p_corrupt.numpy(), rtol=1e-6)
+    # restoring every site of the clean run into the clean run changes nothing: p_clean
+    p_same = tracing.patched_probs(model, ids, target, kind=kind, restore=every[:1], clean=clean[kind])
+    np.testing.assert_allclose(p_same.numpy(), p_clean, rtol=1e-5)
+    # restoring every site into the corrupted run: block outputs give p_clean; MLP / attention outputs give what a
+    # forward whose sublayers return their clean outputs gives (the noise still flows through the residual stream)
+    p_all = tracing.patched_probs(model, ids, target, noise=noise, kind=kind, restore=every, clean=clean[kind])
+    if kind == "block":
+        np.testing.assert_allclose(p_all.numpy(), p_clean, rtol=1e-5)
+    else:
+        raw = [None] * L
+        recorders = [(tracing.site_module(arch, kind, layer), lambda m, a, out, i=layer: raw.__setitem__(i, out))
+                     for layer in range(L)]
+        with torch.no_grad(), hooks(recorders):
+            model(input_ids=ids, use_cache=False)
+        ref = [_with_clean_outputs(model, ids, noise[s:s + 1], kind, raw, target) for s in range(2)]
+        np.testing.assert_allclose(p_all.numpy(), ref, rtol=1e-5)
+        assert not np.allclose(p_all.numpy(), p_corrupt.numpy(), rtol=1e-4)  # restoring did something
+
+
+@pytest.mark.parametrize("kind", tracing.KINDS)
+def test_tracer_equals_the_naive_loop_on_every_family(family_model, tok, kind):
+    cfg = tracing.TraceConfig(samples=2, noise=3.0, window=2, seed=7)
+    tr = tracing.CausalTracer(family_model, tok, cfg).trace(PROMPT, SUBJECT, TARGET, kinds=(kind,))[kind]
+    loop = tracing.naive_grid(family_model, tok, PROMPT, SUBJECT, TARGET, kind=kind, config=cfg, sigma=3.0)
+    np.testing.assert_allclose(tr.grid, loop, rtol=1e-4, atol=1e-7)
+    still = tracing.CausalTracer(family_model, tok, tracing.TraceConfig(samples=2, noise=0.0, window=2))
+    zero = still.trace(PROMPT, SUBJECT, TARGET, kinds=(kind,))[kind]  # no noise: every restored run is clean
+    np.testing.assert_allclose(zero.grid, zero.p_clean, rtol=1e-5)
+
+
+def test_cli_trace_mlp_on_opt(tok, tmp_path, capsys):
+    """Regression: `depthlib trace --kind mlp` on OPT crashed (its fc2 sees (B·T, d) hidden states)."""
+    from depthlib.cli import main
+    folder = tmp_path / "tiny-opt"
+    tiny.model("opt", len(tok), layers=3).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    assert main(["trace", "--model", str(folder), "--prompt", PROMPT, "--subject", SUBJECT, "--target", TARGET,
+                 "--samples", "2", "--kind", "mlp", "--noise", "3", "--window", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kind"] == "mlp" and len(out["grid"]) == 3 and all(v is not None for v in out["grid"][-1])
+
+
+# ---- the chapter: profiles, the run it shows, replay -------------------------------------------------
+def _knowing_model(tok, folder):
+    """A tiny NeoX that 'knows' the first chapter prompt: its unembedding row of the target points along the
+    final hidden state of that prompt, so the target is the top-1 prediction."""
+    model = _neox(tok)
+    prompt, subject, target = tracing.CHAPTER_PROMPTS[0]
+    loc = tracing.locate(tok, prompt, subject, target)
+    with torch.no_grad():
+        h = model.gpt_neox(input_ids=loc.input_ids).last_hidden_state[0, -1]
+        model.get_output_embeddings().weight[loc.target_id] = 20 * h / h.norm() ** 2
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
+    from depthlib import results
+    from depthlib.tracing import chapter
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(tmp_path / "committed"))
+    name = _knowing_model(tok, tmp_path / "tiny")
+    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.ChapterProfile("smoke", (name,), 1, ("block", "mlp"), 2,
+                                                                          n_facts=2, n_check=3))
+    run = tracing.chapter_run("smoke")
+    assert run.complete and not run.stale and run.profile == "smoke"
+    assert set(run.manifest["code_modules"]) == set(chapter.CODE) and "depthlib.tracing.chapter" not in chapter.CODE
+    tables = tracing.chapter_tables(run)
+    check = tables["check"]
+    assert list(check["kind"]) == ["prompt", "fact", "fact", "fact"]
+    assert bool(check.loc[check["kind"] == "prompt", "correct"].iloc[0])  # the model knows the chapter prompt
+    assert set(tables["prompts"]["kind"]) == {"block", "mlp"}
+    assert tracing.chapter_run("smoke").path == run.path  # found, not recomputed
+    # the one rule only shows a run whose config is the profile's current one
+    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.ChapterProfile("smoke", (name,), 1, ("block",), 3))
+    assert results.select_run(chapter.EXPERIMENT, "smoke", expected_config=lambda p: chapter.chapter_config(p)) is None
+    replayed = tracing.replay(run)
+    assert len(replayed) == arch_of(_neox(tok)).n_layers * len(tracing.locate(tok, *tracing.CHAPTER_PROMPTS[0]).tokens)
+    np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-6, atol=1e-9)
+    assert "kind" in tracing.chapter_tables(run)["check"] and tracing.closing_note(tables).startswith(f"**{name}**")
+    with pytest.raises(InputError):
+        tracing.chapter_run("huge")
+
+
+@pytest.mark.slow
+def test_gemma_smoke_run_replays():
+    """The smoke run of the chapter (offline Gemma-3-270M and SmolLM2-135M) recomputes to the same heat map."""
+    run = tracing.chapter_run("smoke")
+    replayed = tracing.replay(run)
+    assert replayed["committed"].notna().all() and len(replayed) > 0
+    np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-5, atol=1e-7)

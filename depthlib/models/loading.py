@@ -19,6 +19,7 @@ from pathlib import Path
 from depthlib.errors import InputError
 from depthlib.paths import cache_dir
 
+
 @dataclass(frozen=True)
 class OfflineModel:
     """A pretrained causal LM shipped as a GGUF inside a PyPI package."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from depthlib.probes.arch import Arch
+from depthlib.models.arch import Arch
 from depthlib.probes.metrics import valid_mask
 from depthlib.probes.tap import Tap
 

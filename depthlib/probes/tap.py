@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from depthlib.probes.arch import Arch, arch_of, block_input, block_output, replace_block_input
+from depthlib.models.arch import Arch, arch_of, block_input, block_output, replace_block_input
+from depthlib.models.hooks import hooks
 
 
 @dataclass
@@ -68,14 +69,10 @@ def tap_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tens
             hidden[index] = block_output(output)
         return hook
 
-    handles = [arch.layers[0].register_forward_pre_hook(grab_input, with_kwargs=True),
-               arch.layers[L - 1].register_forward_pre_hook(grab_last_call, with_kwargs=True)]
-    handles += [arch.layers[i].register_forward_hook(grab_output(i + 1)) for i in range(L)]
-    try:
+    pre = [(arch.layers[0], grab_input), (arch.layers[L - 1], grab_last_call)]
+    post = [(arch.layers[i], grab_output(i + 1)) for i in range(L)]
+    with hooks(pre, kind="forward_pre", with_kwargs=True), hooks(post):
         out = arch.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
     if any(h is None for h in hidden):
         missing = [i for i, h in enumerate(hidden) if h is None]
         raise RuntimeError(f"hooks did not fire for hidden states {missing} ({arch.name})")
