@@ -18,6 +18,7 @@ from pathlib import Path
 
 from depthlib.errors import InputError
 from depthlib.paths import cache_dir
+from depthlib.validate import resolve_device
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,7 @@ def load_model(name_or_path: str, *, dtype=None, device: str = "cpu"):
         if dtype not in ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16"):
             raise InputError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype) or getattr(torch, dtype)
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} requested but torch sees no CUDA device")
+    device = resolve_device(device)
     if not isinstance(name_or_path, str) or not name_or_path:
         raise InputError(f"model must be a registry name, folder or hub id, got {name_or_path!r}")
     require_package("transformers", "pip install 'depthlib[models]'")
@@ -175,7 +175,10 @@ def load_model(name_or_path: str, *, dtype=None, device: str = "cpu"):
     if name_or_path in OFFLINE_MODELS:
         source = str(ensure_converted(name_or_path))
     elif Path(name_or_path).expanduser().is_dir():
-        source = str(Path(name_or_path).expanduser())
+        folder = Path(name_or_path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise InputError(f"folder {str(folder)!r} has no config.json: it is not a Hugging Face model folder")
+        source = str(folder)
     elif "/" in name_or_path and not Path(name_or_path).exists():
         source = name_or_path  # a hub id
     else:
@@ -187,8 +190,8 @@ def load_model(name_or_path: str, *, dtype=None, device: str = "cpu"):
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except (OSError, ValueError) as err:  # missing files, no network, malformed hub id (HFValidationError)
         first = (str(err).splitlines() or [type(err).__name__])[0]
-        raise InputError(f"cannot load model {name_or_path!r}: {first} "
-                         "(no network? hub ids need the Hugging Face hub or a local copy)") from None
+        hint = "" if Path(source).is_dir() else " (hub ids need the Hugging Face hub or a local copy)"
+        raise InputError(f"cannot load model {name_or_path!r}: {first}{hint}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model.to(device)

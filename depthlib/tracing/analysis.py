@@ -31,7 +31,20 @@ def average_effect(table: pd.DataFrame, *, min_gap: float = 0.0) -> pd.DataFrame
     return out.drop(columns="sd")
 
 
-def functional_groups(facts_table: pd.DataFrame, kind: str = "block") -> pd.DataFrame:
+def _noise_jitter(facts: pd.DataFrame, baseline: pd.DataFrame, role: str, layers: list[int]) -> float:
+    """Layer-to-layer jitter that sampling noise alone produces: per fact, d_l = effect under one noise seed minus
+    effect under another; mean |d_l+1 − d_l| / √2 over the group's layers (the √2: d holds two noises), mean over facts."""
+    keys = ["fact_id", "layer"]
+    a = facts[(facts["role"] == role) & facts["layer"].isin(layers)][keys + ["effect"]]
+    b = baseline[(baseline["role"] == role) & baseline["layer"].isin(layers)][keys + ["effect"]]
+    both = a.merge(b, on=keys, suffixes=("", "_b")).sort_values(keys)
+    both["d"] = both["effect"] - both["effect_b"]
+    jit = both.groupby("fact_id")["d"].apply(lambda d: np.abs(np.diff(d.to_numpy())).mean() if len(d) > 1 else np.nan)
+    return float(jit.mean() / np.sqrt(2)) if len(jit) else float("nan")
+
+
+def functional_groups(facts_table: pd.DataFrame, kind: str = "block",
+                      baseline: pd.DataFrame | None = None) -> pd.DataFrame:
     """The paper's reading of Fig. 6 made into numbers, one row per model.
 
     From the fact-set average of one kind: the *late group* = the blocks from the crossover on, where
@@ -39,8 +52,12 @@ def functional_groups(facts_table: pd.DataFrame, kind: str = "block") -> pd.Data
     and every later one); the *early group* = the blocks below the crossover. Reports where each group
     sits (in l/ℓ), its peak mean effect, and how much recovery fluctuates from layer to layer inside it:
     ``jitter_fact`` = mean over facts of the mean |Δ effect| between neighbouring blocks (inside the group,
-    at the group's token), ``jitter_mean`` = the same on the averaged curve. jitter_fact ≫ jitter_mean means
-    the layer-to-layer fluctuations are fact-specific and average out.
+    at the group's token), ``jitter_mean`` = the same on the averaged curve. Averaging n facts shrinks pure
+    sampling noise by about √n, so jitter_fact ≫ jitter_mean alone proves nothing; with ``baseline`` (the same
+    facts traced under independent noise) ``jitter_noise`` is the jitter that noise alone produces, and only
+    jitter_fact well above jitter_noise says the fluctuations belong to the facts. ``*_step`` is the largest
+    rise of the mean curve between neighbouring blocks inside the group (a group made by one block has a step
+    close to its peak).
     """
     rows = []
     avg = average_effect(facts_table[facts_table["kind"] == kind])
@@ -75,6 +92,19 @@ def functional_groups(facts_table: pd.DataFrame, kind: str = "block") -> pd.Data
             row[f"{group}_half_depth"] = (min(half) + 1) / L if half else float("nan")
             c = curve.loc[layers].to_numpy()
             row[f"{group}_jitter_mean"] = float(np.abs(np.diff(c)).mean()) if len(c) > 1 else float("nan")
+            full = curve.sort_index()
+            lo = max(min(layers) - 1, 0)
+            seg = full.loc[lo:max(layers)]
+            if len(seg) > 1:
+                rise = seg.diff().iloc[1:]
+                at = int(rise.idxmax())
+                row[f"{group}_step"] = float(rise.max())            # the largest rise between neighbouring blocks
+                row[f"{group}_step_block"] = at + 1                 # ... arriving at this block (1-based)
+                row[f"{group}_step_from"] = float(full.loc[at - 1])
+                row[f"{group}_step_to"] = float(full.loc[at])
+            if baseline is not None and not baseline.empty:
+                bf = baseline[(baseline["model"] == model) & (baseline["kind"] == kind)]
+                row[f"{group}_jitter_noise"] = _noise_jitter(f, bf, role, layers)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -102,6 +132,12 @@ def prompt_peaks(prompts_table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _jitter(g: pd.Series, group: str) -> str:
+    text = f"jitter per fact {g[f'{group}_jitter_fact']:.3f}, of the mean {g[f'{group}_jitter_mean']:.3f}"
+    noise = g.get(f"{group}_jitter_noise")
+    return text + (f", of noise alone {noise:.3f}" if noise is not None and pd.notna(noise) else "")
+
+
 def closing_note(tables: dict[str, pd.DataFrame]) -> str:
     """The chapter's closing numbers as Markdown, read from a run's tables (:func:`chapter_tables`)."""
     lines = []
@@ -125,20 +161,23 @@ def closing_note(tables: dict[str, pd.DataFrame]) -> str:
         if f.empty or model not in set(f["model"]):
             continue
         for kind in [k for k in KINDS if k in set(f["kind"])]:
-            g = functional_groups(f[f["model"] == model], kind)
+            b = tables.get("baseline")
+            g = functional_groups(f[f["model"] == model], kind,
+                                  b[b["model"] == model] if b is not None and not b.empty else None)
             if g.empty:
                 continue
             g = g.iloc[0]
             parts = [f"- fact-set average ({int(g['n_facts'])} facts), {kind}:"]
             if "early_from" in g and pd.notna(g.get("early_from")):
                 parts.append(f"early group l/ℓ {g['early_from']:.2f}–{g['early_to']:.2f} (peak effect "
-                             f"{g['early_peak_effect']:.2f} at l/ℓ = {g['early_peak_depth']:.2f}; jitter per fact "
-                             f"{g['early_jitter_fact']:.2f} vs {g['early_jitter_mean']:.2f} of the mean),")
+                             f"{g['early_peak_effect']:.2f} at l/ℓ = {g['early_peak_depth']:.2f}; {_jitter(g, 'early')}),")
             if "late_from" in g and pd.notna(g.get("late_from")):
                 half = (f"mean effect ≥ 0.5 from l/ℓ = {g['late_half_depth']:.2f}"
                         if pd.notna(g.get("late_half_depth")) else "mean effect < 0.5 throughout")
-                parts.append(f"late group l/ℓ {g['late_from']:.2f}–{g['late_to']:.2f} ({half}; jitter per fact "
-                             f"{g['late_jitter_fact']:.2f} vs {g['late_jitter_mean']:.2f} of the mean).")
+                step = (f"; the mean effect jumps {g['late_step_from']:.3f} → {g['late_step_to']:.3f} at block "
+                        f"{int(g['late_step_block'])}" if pd.notna(g.get("late_step_block")) else "")
+                parts.append(f"late group l/ℓ {g['late_from']:.2f}–{g['late_to']:.2f} ({half}{step}; "
+                             f"{_jitter(g, 'late')}).")
             lines.append(" ".join(parts))
         lines.append("")
     return "\n".join(lines).strip()

@@ -86,10 +86,15 @@ def chapter_config(profile: str, extra_models: Sequence[str] = ()) -> dict:
             "prompts": [list(p) for p in CHAPTER_PROMPTS[: prof.n_prompts]], "facts": _facts_digest(load_facts())}
 
 
-def _trace_config(config: dict, *, samples: int | None = None) -> TraceConfig:
-    """The TraceConfig of a run's heat maps (or, with ``samples``, of its fact-set traces)."""
+#: the noise-only baseline traces the same facts again with the noise seed shifted by this much (issue 9)
+BASELINE_SEED_OFFSET = 1000
+
+
+def _trace_config(config: dict, *, samples: int | None = None, seed_offset: int = 0) -> TraceConfig:
+    """The TraceConfig of a run's heat maps (or, with ``samples``, of its fact-set traces; with ``seed_offset``, of
+    the noise-only baseline: the same traces under independent noise)."""
     return TraceConfig(samples=samples or config["samples"], noise=config["noise"], window=config["window"],
-                       seed=config["seed"])
+                       seed=config["seed"] + seed_offset)
 
 
 def _chapter_facts(profile: ChapterProfile) -> list[Fact]:
@@ -115,7 +120,7 @@ def compute_chapter(profile: str = "smoke", *, extra_models: Sequence[str] = (),
     start, before = time.perf_counter(), run.elapsed_before()
     for name in config["models"]:
         key = safe_name(name)
-        if run.has(f"check_{key}") and run.has(f"prompts_{key}") and run.has(f"facts_{key}"):
+        if all(run.has(f"{t}_{key}") for t in ("check", "prompts", "facts", "baseline")):
             continue
         model, tok = load_model(name, dtype=prof.dtype, device=device)
         check = check_facts(model, tok, prompts + list(facts)[: prof.n_check])
@@ -132,8 +137,15 @@ def compute_chapter(profile: str = "smoke", *, extra_models: Sequence[str] = (),
         ftracer = CausalTracer(model, tok, _trace_config(config, samples=prof.fact_samples), facts=facts, name=name)
         fact_table = trace_facts(ftracer, chosen, kinds=prof.fact_kinds or prof.kinds, positions=prof.fact_positions,
                                  progress=progress)
+        # noise-only baseline: the same facts under independent noise, so that the layer-to-layer jitter of one fact
+        # can be compared with what sampling noise alone produces (analysis.functional_groups)
+        btracer = CausalTracer(model, tok, _trace_config(config, samples=prof.fact_samples,
+                                                         seed_offset=BASELINE_SEED_OFFSET), facts=facts, name=name)
+        baseline = trace_facts(btracer, chosen, kinds=prof.fact_kinds or prof.kinds, positions=prof.fact_positions,
+                               progress=progress)
         run.write_table(f"prompts_{key}", pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
         run.write_table(f"facts_{key}", fact_table)
+        run.write_table(f"baseline_{key}", baseline)
         run.write_table(f"check_{key}", check)  # last: a model counts as done once its check table exists
         run.record_elapsed(before + time.perf_counter() - start)
         del model
@@ -160,9 +172,10 @@ def chapter_run(profile: str = "smoke", *, extra_models: Sequence[str] = (), dev
 
 
 def chapter_tables(run: results.Run) -> dict[str, pd.DataFrame]:
-    """``{"check", "prompts", "facts"}`` tables of a chapter run, all models concatenated."""
+    """``{"check", "prompts", "facts", "baseline"}`` tables of a chapter run, all models concatenated (``baseline``:
+    the fact-set traces again under independent noise)."""
     out = {}
-    for name in ("check", "prompts", "facts"):
+    for name in ("check", "prompts", "facts", "baseline"):
         frames = [run.table(t) for t in run.tables(f"{name}_")]
         frames = [f for f in frames if not f.empty]
         out[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

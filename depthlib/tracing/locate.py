@@ -7,6 +7,7 @@ average-effect figure (:data:`ROLES`) follow from the subject's token range.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +113,10 @@ def locate(tokenizer, prompt: str, subject: str, target: str | None = None) -> L
             raise InputError(f"target {target!r} does not start at a token boundary after {text!r}; "
                              "put the separating space in the target (' Seattle')")
         target_id = int(full_ids[0, n])
+        if not target[:1].isspace() and text[-1:].isalnum() and target[:1].isalnum():
+            warnings.warn(f"target {target!r} is glued to the prompt's last word ({text[-12:] + target!r}); the "
+                          f"scored token is {tokenizer.decode([target_id])!r}. Did you mean {' ' + target!r}?",
+                          stacklevel=2)
     tokens = [tokenizer.decode([int(i)]) for i in ids[0]]
     return Located(text=text, subject=text[start:stop], target=target, input_ids=ids, tokens=tokens,
                    subject_range=(subj[0], subj[-1] + 1), target_id=target_id)

@@ -14,6 +14,7 @@ the same draw serves every restored site.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Sequence
 
 import torch
@@ -78,7 +79,9 @@ def noise_sigma(model, tokenizer, noise: str | float, facts: Sequence[Fact] | No
             raise InputError(f"noise must be 'rome', 'paper' or a number, got {noise!r}") from None
     noise = float(noise)
     if not math.isfinite(noise) or noise < 0:
-        raise InputError(f"noise σ must be a finite number >= 0, got {noise}")
+        raise InputError(f"noise σ must be a finite number >= 0, got {noise:g}")
+    if noise == 0:
+        warnings.warn("noise σ = 0 corrupts nothing: p_corrupt will equal p_clean and every effect is 0/0", stacklevel=2)
     return noise
 
 

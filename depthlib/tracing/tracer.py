@@ -161,6 +161,7 @@ class CausalTracer:
             if kind not in KINDS:
                 raise InputError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
         loc = locate(self.tokenizer, prompt, subject, target)
+        check_length(self.model, loc.n_tokens + 1)
         ids = loc.input_ids.to(self.device)
         clean, logits = clean_states(self.model, ids, kinds)
         target_id = int(logits.argmax()) if loc.target_id is None else loc.target_id
@@ -236,6 +237,14 @@ def trace(model, tokenizer, prompt: str, subject: str, target: str | None = None
           kinds: Sequence[str] = ("block",), config: TraceConfig | None = None, **kwargs) -> dict[str, TraceResult]:
     """Convenience: ``CausalTracer(model, tokenizer, config).trace(prompt, subject, target, kinds=kinds)``."""
     return CausalTracer(model, tokenizer, config).trace(prompt, subject, target, kinds=kinds, **kwargs)
+
+
+def check_length(model, n_tokens: int) -> None:
+    """InputError if ``n_tokens`` exceed the model's position limit (positions past it are silently wrong)."""
+    cfg = model.config
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if limit is not None and n_tokens > limit:
+        raise InputError(f"the prompt and target need {n_tokens} tokens, more than the model's limit of {limit}")
 
 
 def naive_grid(model, tokenizer, prompt: str, subject: str, target: str | None, *, kind: str = "block",
