@@ -397,3 +397,51 @@ def test_gemma_smoke_run_replays():
     replayed = tracing.replay(run)
     assert replayed["committed"].notna().all() and len(replayed) > 0
     np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-5, atol=1e-7)
+
+
+# ---- issue 9 (noise-only baseline, the late group's step) and issue 10 (inputs that were accepted silently) ----
+def _synthetic_facts(seed_shift: float, n_facts: int = 24, L: int = 12):
+    """Fact traces with a smooth early curve at the subject and a one-block jump at the last token, plus noise."""
+    import pandas as pd
+    rng = np.random.default_rng(int(seed_shift * 1000))
+    rows = []
+    for f in range(n_facts):
+        for layer in range(L):
+            subj = 0.6 * np.exp(-((layer - 2) ** 2) / 4)
+            last = 0.95 if layer >= 5 else 0.02
+            for role, base in (("last subject", subj), ("last token", last)):
+                e = base + 0.05 * rng.standard_normal()
+                rows.append(dict(model="m", kind="block", fact_id=f"f{f}", layer=layer, depth=(layer + 1) / L,
+                                 role=role, effect=e, p=0.1 + 0.8 * e, p_clean=0.9, p_corrupt=0.1))
+    return pd.DataFrame(rows)
+
+
+def test_functional_groups_report_noise_jitter_and_the_late_step():
+    a, b = _synthetic_facts(1.0), _synthetic_facts(2.0)
+    g = tracing.functional_groups(a, "block", b).iloc[0]
+    assert g["late_step_block"] == 6 and g["late_step_from"] < 0.2 and g["late_step_to"] > 0.8
+    # the per-fact jitter here is all noise: the noise-only baseline says so (within sampling error)
+    assert g["late_jitter_noise"] == pytest.approx(g["late_jitter_fact"], rel=0.35)
+    assert g["late_jitter_mean"] < 0.6 * g["late_jitter_fact"]          # averaging alone shrinks it: proves nothing
+    assert "late_jitter_noise" not in tracing.functional_groups(a, "block").columns
+    note = tracing.closing_note({"prompts": a.iloc[:0], "facts": a, "baseline": b,
+                                 "check": a.assign(kind="fact", correct=True, id="f0")[["model", "kind", "correct", "id"]]})
+    assert "of noise alone" in note and "jumps" in note
+
+
+def test_glued_target_warns_and_names_the_scored_token(tok):
+    with pytest.warns(UserWarning, match="glued to the prompt's last word"):
+        tracing.locate(tok, PROMPT, SUBJECT, "Seattle")
+
+
+def test_prompt_beyond_the_position_limit_is_refused(tok):
+    model = tiny.model("llama", len(tok), layers=2, max_positions=8)
+    with pytest.raises(InputError, match="more than the model's limit of 8"):
+        tracing.CausalTracer(model, tok, tracing.TraceConfig(samples=1, noise=1.0)).trace(
+            PROMPT + " and more words to exceed the limit", SUBJECT, TARGET)
+
+
+def test_zero_noise_warns(tok):
+    model = tiny.model("llama", len(tok), layers=2)
+    with pytest.warns(UserWarning, match="corrupts nothing"):
+        tracing.noise_sigma(model, tok, 0.0)
