@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PROFILE ?= cpu
+# make book RERUN=1 recomputes every chapter instead of showing the committed runs.
+RERUN ?=
+# make publish PUSH=1 also force-pushes the gh-pages branch to origin (without it only the local branch is written).
+PUSH ?=
 # CI and the project machines keep the Chinchilla CSV in ../shared; elsewhere it is downloaded (sha256-pinned).
 SHARED_CSV := $(abspath ../shared/data/chinchilla)
 ifneq ($(wildcard $(SHARED_CSV)/get_fitting_data_chinchilla.csv),)
@@ -11,10 +15,12 @@ export DEPTHLIB_DATA_DIR ?= $(SHARED_CSV)
 endif
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install assets book notebooks test test-fast lab bench clean
+.PHONY: help install assets book publish notebooks test test-fast lab bench clean
 
 help:
-	@echo "make book      create .venv, install, vendor JS assets, execute the notebooks (PROFILE=$(PROFILE)), build the HTML book"
+	@echo "make book      create .venv, install, vendor JS assets, execute the notebooks (PROFILE=$(PROFILE)), build _build/html"
+	@echo "               RERUN=1 recomputes every chapter instead of showing the committed runs"
+	@echo "make publish   put _build/html on the gh-pages branch (ghp-import); PUSH=1 also pushes it to origin"
 	@echo "make test      unit tests, notebooks vs their committed smoke outputs (nbval), browser check of the built book"
 	@echo "make lab       JupyterLab on the notebooks"
 	@echo "make notebooks re-execute the committed notebooks on the smoke profile (refreshes what nbval compares)"
@@ -34,7 +40,11 @@ assets: install
 	$(BIN)/python -m depthlib.book assets
 
 book: install
-	$(BIN)/depthlib book --profile $(PROFILE)
+	$(BIN)/depthlib book --profile $(PROFILE)$(if $(filter 1 yes true,$(RERUN)), --rerun)
+
+# Jupyter Book's documented route (ghp-import -n -p -f _build/html); publishes what `make book` built.
+publish: install
+	$(BIN)/python -m depthlib.book publish --html _build/html$(if $(filter 1 yes true,$(PUSH)), --push)
 
 notebooks: install
 	$(BIN)/python -m depthlib.book refresh

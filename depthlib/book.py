@@ -1,13 +1,22 @@
 """Build the executable book: vendor the JS assets, execute the notebooks with papermill, run Jupyter Book.
 
 The committed notebooks hold the outputs of a seeded ``smoke`` run (what ``pytest --nbval notebooks``
-compares against). Building never rewrites them: executed copies go to ``<out>/stage/notebooks`` and the
-HTML to ``<out>/_build/html``. The book is self-contained and works from ``file://`` with no network:
+compares against). Building never rewrites them: executed copies go to the git-ignored staging folder
+``<out>/stage`` (Jupyter Book's own build files land there too) and the HTML to ``<out>/html``
+(``_build/html`` by default). The book is self-contained and works from ``file://`` with no network:
 plotly.js comes from the plotly wheel, the ipywidgets embed bundle and MathJax 3 from the npm registry.
+``publish`` puts the HTML on a ``gh-pages`` branch with ghp-import (Jupyter Book's documented route).
+
+Progress bars stay out of the pages: the offline models are converted once, before any notebook runs and
+outside them (progress on stderr), the kernels run with ``TQDM_DISABLE=1``, and any progress bar that still
+reaches a cell output is removed from the executed copy.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from depthlib.errors import InputError
-from depthlib.results import REPO_ROOT
+from depthlib.paths import REPO_ROOT
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 ASSETS = REPO_ROOT / "book_assets"
@@ -82,42 +91,184 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
     return paths
 
 
-def _hide_injected_parameters(path: Path) -> None:
+#: Chapters whose notebooks load the offline language models (converted before they run, see prepare_models).
+MODEL_CHAPTERS = ("02_hidden_states", "04_causal_tracing")
+#: Environment of the notebook kernels: tqdm bars created without an explicit ``disable=`` stay silent, and the
+#: Hugging Face libraries draw none (they would be ipywidgets or stderr text inside the executed notebooks).
+QUIET_KERNEL_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+#: A tqdm meter: "desc:  40%|####      | 2/5 [00:01<00:02, 1.2it/s]" (text, or the text/plain of a tqdm widget).
+_TQDM_METER = re.compile(r"\d+%\||\[\d+:\d{2}(?::\d{2})?(?:<[\d:?]+)?,\s")
+IGNORE_TAG, IGNORE_COMMENT = "nbval-ignore-output", "# NBVAL_IGNORE_OUTPUT"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _read_nb(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _write_nb(path: Path, nb: dict) -> None:
+    """Write like nbformat does (sorted keys, indent 1, UTF-8, trailing newline), so diffs stay small."""
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _tags(cell: dict) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def _hide_injected_parameters(nb: dict) -> None:
     """Tag papermill's injected-parameters cell ``remove-cell`` so the book does not show it."""
-    nb = json.loads(path.read_text())
     for cell in nb["cells"]:
-        tags = cell.get("metadata", {}).get("tags", [])
+        tags = _tags(cell)
         if "injected-parameters" in tags and "remove-cell" not in tags:
             tags.append("remove-cell")
-    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def strip_progress_bars(nb: dict) -> int:
+    """Remove tqdm progress bars from the outputs (stderr text and tqdm widgets); returns how many were removed.
+
+    A stderr stream keeps its other lines (warnings); a stream left empty and a tqdm widget view are dropped.
+    """
+    removed = 0
+    for cell in nb["cells"]:
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                text = "".join(out.get("text", ""))
+                lines = re.split(r"\r\n|\r|\n", text)
+                clean = [ln for ln in lines if not _TQDM_METER.search(ln)]
+                if len(clean) != len(lines):
+                    removed += 1
+                    text = "\n".join(ln for ln in clean if ln.strip())
+                    if not text:
+                        continue
+                    out["text"] = text + "\n"
+            elif WIDGET_VIEW in out.get("data", {}):
+                if _TQDM_METER.search("".join(out["data"].get("text/plain", ""))):
+                    removed += 1
+                    continue
+            kept.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = kept
+    return removed
+
+
+def strip_ignored_outputs(nb: dict) -> int:
+    """Empty the outputs of cells nbval never compares (tag ``nbval-ignore-output`` or the comment
+    ``# NBVAL_IGNORE_OUTPUT``); returns how many cells were emptied. ``nbval-check-output`` and untagged cells
+    keep theirs. Saved widget state goes too once no output shows a widget."""
+    emptied = 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code" or not cell.get("outputs"):
+            continue
+        source = "".join(cell.get("source", ""))
+        if IGNORE_TAG in _tags(cell) or source.lstrip().startswith(IGNORE_COMMENT):
+            cell["outputs"] = []
+            emptied += 1
+    widgets_shown = any(WIDGET_VIEW in out.get("data", {}) for cell in nb["cells"] for out in cell.get("outputs", []))
+    if not widgets_shown:
+        nb.get("metadata", {}).pop("widgets", None)
+    return emptied
+
+
+@contextlib.contextmanager
+def _quiet_kernels():
+    """Kernels inherit this process's environment: set QUIET_KERNEL_ENV while notebooks execute."""
+    saved = {k: os.environ.get(k) for k in QUIET_KERNEL_ENV}
+    os.environ.update(QUIET_KERNEL_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def execute_notebook(src: Path, dst: Path, parameters: dict | None = None) -> Path:
-    """Execute one notebook with papermill, from the notebooks folder (as nbval and JupyterLab do)."""
+    """Execute one notebook with papermill, from the notebooks folder (as nbval and JupyterLab do).
+
+    Progress bars are kept out of the outputs (quiet kernel environment, then :func:`strip_progress_bars`)."""
     import papermill as pm
     dst.parent.mkdir(parents=True, exist_ok=True)
     print(f"[depthlib book] executing {src.name} {parameters or ''}", file=sys.stderr, flush=True)
-    pm.execute_notebook(str(src), str(dst), parameters=parameters or None, kernel_name="python3",
-                        cwd=str(NOTEBOOKS), progress_bar=False, log_output=False)
+    with _quiet_kernels():
+        pm.execute_notebook(str(src), str(dst), parameters=parameters or None, kernel_name="python3",
+                            cwd=str(NOTEBOOKS), progress_bar=False, log_output=False)
+    nb = _read_nb(dst)
+    removed = strip_progress_bars(nb)
+    if removed:
+        print(f"[depthlib book] removed {removed} progress bar output(s) from {dst.name}", file=sys.stderr)
     if parameters:
-        _hide_injected_parameters(dst)
+        _hide_injected_parameters(nb)
+    _write_nb(dst, nb)
     return dst
+
+
+def _offline_models():
+    """The module that converts the offline models (``depthlib.models.loading``; ``depthlib.data`` before)."""
+    try:
+        from depthlib.models import loading
+        return loading
+    except ImportError:
+        from depthlib import data
+        return data
+
+
+def prepare_models(notebooks: list[Path]) -> list[str]:
+    """Convert the installed offline models once, here and not inside a notebook, if a chapter that loads them
+    is about to run: the GGUF conversion draws a progress bar that would otherwise land in the page.
+    Progress and problems go to stderr; a model that cannot be converted is left to the notebook (which may
+    not need it: committed runs load no model). Returns the models ready."""
+    if not any(p.stem in MODEL_CHAPTERS for p in notebooks):
+        return []
+    try:
+        loading = _offline_models()
+        names = loading.available_offline_models()
+    except Exception as err:  # noqa: BLE001 - the models extra may be missing; the notebooks then say so
+        print(f"[depthlib book] offline models unavailable ({err}); chapters use their committed runs",
+              file=sys.stderr)
+        return []
+    ready = []
+    for name in names:
+        done = (loading.converted_model_dir(name) / "config.json").exists() if hasattr(
+            loading, "converted_model_dir") else False
+        if not done:
+            print(f"[depthlib book] converting offline model {name} (once; cached)", file=sys.stderr, flush=True)
+        try:
+            loading.ensure_converted(name)
+            ready.append(name)
+        except Exception as err:  # noqa: BLE001 - reported, not fatal
+            print(f"[depthlib book] could not convert {name}: {err}", file=sys.stderr)
+    return ready
 
 
 def refresh_committed(only: list[str] | None = None) -> list[Path]:
     """Re-execute the committed notebooks in place with their own (smoke) parameters.
 
-    This is how the seeded smoke outputs that ``pytest --nbval notebooks`` compares against are made.
+    This is how the seeded smoke outputs that ``pytest --nbval notebooks`` compares against are made. The outputs
+    of ``nbval-ignore-output`` cells (figures, provenance) are then dropped: nbval never compares them, and the
+    book is built from freshly executed copies.
     """
     done = []
-    for path in notebook_paths(only):
+    paths = notebook_paths(only)
+    prepare_models(paths)
+    for path in paths:
         execute_notebook(path, path, parameters=None)
+        nb = _read_nb(path)
+        emptied = strip_ignored_outputs(nb)
+        _write_nb(path, nb)
+        print(f"[depthlib book] {path.name}: outputs of {emptied} nbval-ignore-output cell(s) stripped",
+              file=sys.stderr)
         done.append(path)
     return done
 
 
-def stage_book(profile: str, stage: Path, only: list[str] | None = None) -> Path:
-    """Lay out the book's sources in ``stage`` with every notebook executed on ``profile``."""
+def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: bool = False) -> Path:
+    """Lay out the book's sources in ``stage`` with every notebook executed on ``profile``.
+
+    The notebooks get the papermill parameters ``PROFILE`` and ``RERUN`` (True: recompute every chapter instead
+    of showing committed runs)."""
     if stage.exists():
         shutil.rmtree(stage)
     stage.mkdir(parents=True)
@@ -127,44 +278,100 @@ def stage_book(profile: str, stage: Path, only: list[str] | None = None) -> Path
     shutil.copytree(vendor_assets(), stage / "book_assets")
     for name in ("depthlib.css", "mathjax2-shim.js"):   # the book's own small assets
         shutil.copy(REPO_ROOT / "book" / name, stage / "book_assets" / name)
-    chosen = set(notebook_paths(only))
+    chosen = notebook_paths(only)
+    prepare_models(chosen)
     for path in notebook_paths():
         dst = stage / "notebooks" / path.name
         if path in chosen:
-            execute_notebook(path, dst, parameters={"PROFILE": profile})
+            execute_notebook(path, dst, parameters={"PROFILE": profile, "RERUN": bool(rerun)})
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, dst)
     return stage
 
 
-def build_book(profile: str = "cpu", out: str | Path = "_build", only: list[str] | None = None) -> Path:
-    """Execute the notebooks on ``profile`` and build the HTML book; returns the HTML folder."""
+def build_book(profile: str = "cpu", out: str | Path = "_build", only: list[str] | None = None,
+               rerun: bool = False) -> Path:
+    """Execute the notebooks on ``profile`` and build the HTML book; returns the HTML folder ``<out>/html``.
+
+    Everything is written under ``out`` (git-ignored ``_build`` by default): the executed notebooks and Jupyter
+    Book's build files in ``<out>/stage``, the HTML in ``<out>/html`` (replaced only when a build succeeds)."""
     out = Path(out)
     if not out.is_absolute():
         out = REPO_ROOT / out
-    stage = stage_book(profile, out / "stage", only)
-    cmd = [sys.executable, "-m", "jupyter_book", "build", str(stage), "--path-output", str(out)]
+    stage = stage_book(profile, out / "stage", only, rerun=rerun)
     jb = shutil.which("jupyter-book", path=str(Path(sys.executable).parent))
-    if jb:
-        cmd = [jb, "build", str(stage), "--path-output", str(out)]
+    cmd = [jb] if jb else [sys.executable, "-m", "jupyter_book"]
+    cmd += ["build", str(stage), "--path-output", str(stage)]   # JB writes <stage>/_build/{html,.doctrees,...}
     result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
     if result.returncode != 0:
         raise RuntimeError(f"jupyter-book build failed with status {result.returncode}")
-    html = out / "_build" / "html"
-    if not (html / "index.html").exists():
-        raise RuntimeError(f"jupyter-book did not write {html / 'index.html'}")
+    built = stage / "_build" / "html"
+    if not (built / "index.html").exists():
+        raise RuntimeError(f"jupyter-book did not write {built / 'index.html'}")
+    html = out / "html"
+    if html.exists():
+        shutil.rmtree(html)
+    shutil.move(str(built), str(html))
     return html
 
 
+def publish(html: str | Path = "_build/html", *, repo: str | Path | None = None, push: bool = False,
+            remote: str = "origin", branch: str = "gh-pages", message: str | None = None) -> str:
+    """Put the built HTML on the ``gh-pages`` branch of the git repository ``repo`` (default: the current
+    directory) with ghp-import, adding ``.nojekyll`` (Sphinx's ``_static``/``_images`` folders would otherwise be
+    hidden by GitHub Pages); with ``push``, force-push that branch to ``remote``. This is Jupyter Book's documented
+    route, ``ghp-import -n -p -f _build/html``. The working tree and the current branch are not touched.
+    Returns the commit of the new ``gh-pages``."""
+    repo = Path.cwd() if repo is None else Path(repo)
+    html = Path(html)
+    if not html.is_absolute():
+        html = repo / html
+    if not (html / "index.html").exists():
+        raise InputError(f"no built book at {html} (build it first: make book, or depthlib book --profile smoke)")
+    if shutil.which("git") is None:
+        raise InputError("git is needed to publish the book")
+    ghp = shutil.which("ghp-import", path=str(Path(sys.executable).parent))
+    cmd = [ghp] if ghp else [sys.executable, "-m", "ghp_import"]
+    cmd += ["--no-jekyll", "--remote", remote, "--branch", branch,
+            "--message", message or f"Publish the book ({html.name})"]
+    if push:
+        cmd += ["--push", "--force"]
+    result = subprocess.run(cmd + [str(html)], cwd=repo, capture_output=True, text=True)
+    if result.returncode != 0:
+        if "No module named ghp_import" in result.stderr:
+            raise InputError("ghp-import is not installed: pip install 'depthlib[book]'")
+        raise InputError(f"ghp-import failed: {(result.stderr or result.stdout).strip().splitlines()[-1:]}")
+    sys.stderr.write(result.stderr)
+    head = subprocess.run(["git", "rev-parse", branch], cwd=repo, capture_output=True, text=True, check=True)
+    return head.stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m depthlib.book refresh [NOTEBOOK ...]`` re-executes the committed smoke notebooks."""
+    """``python -m depthlib.book refresh [NOTEBOOK ...]`` re-executes the committed smoke notebooks;
+    ``assets`` re-vendors the JS; ``publish [--push] [--html DIR]`` writes (and pushes) the gh-pages branch."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("refresh", "assets"):
-        print("usage: python -m depthlib.book refresh [NOTEBOOK ...] | assets", file=sys.stderr)
+    usage = "usage: python -m depthlib.book refresh [NOTEBOOK ...] | assets | publish [--push] [--html DIR]"
+    if not argv or argv[0] not in ("refresh", "assets", "publish"):
+        print(usage, file=sys.stderr)
         return 2
     if argv[0] == "assets":
         print(vendor_assets(force=True))
+        return 0
+    if argv[0] == "publish":
+        import argparse
+        parser = argparse.ArgumentParser(prog="python -m depthlib.book publish")
+        parser.add_argument("--push", action="store_true", help="also force-push gh-pages to the remote")
+        parser.add_argument("--html", default=str(REPO_ROOT / "_build" / "html"), help="the built book")
+        parser.add_argument("--remote", default="origin")
+        parser.add_argument("--branch", default="gh-pages")
+        args = parser.parse_args(argv[1:])
+        try:
+            commit = publish(args.html, push=args.push, remote=args.remote, branch=args.branch)
+        except InputError as err:
+            print(f"depthlib book publish: error: {err}", file=sys.stderr)
+            return 2
+        print(f"{args.branch} is at {commit}" + (f" (pushed to {args.remote})" if args.push else " (not pushed)"))
         return 0
     for path in refresh_committed(argv[1:] or None):
         print(path)

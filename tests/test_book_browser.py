@@ -1,8 +1,9 @@
 """The built book as a reader meets it: every chapter page opened in headless Chromium, from file://.
 
-Builds the book on the smoke profile, then fails if a chapter's plotly figures are not drawn, if any request
-fails (the book must work with no network), or if a page logs an unexpected console error. Screenshots go to
-``_build/browser/`` for a human look.
+Builds the book on the smoke profile (HTML in ``_build/browser-test/html``), then fails if a chapter's plotly
+figures are not drawn, if any request fails (the book must work with no network), if a page logs an unexpected
+console error, or if anything in a chapter's main column is wider than its box at a 1280 x 900 window (clipped, or
+sticking out over the margin). Full-page screenshots go to ``_build/browser/`` for a human look.
 """
 from __future__ import annotations
 
@@ -18,6 +19,45 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: Console errors that are known and harmless: sphinx-thebe 0.3.1 emits its config script twice under Sphinx 7.4.
 HARMLESS_CONSOLE = ("THEBE_JS_URL",)
+#: The reader's window (a laptop screen).
+VIEWPORT = {"width": 1280, "height": 900}
+#: Elements that may scroll sideways on purpose: only what a page marks so (book/depthlib.css gives the class
+#: ``depthlib-scroll`` a scroll bar). Code and text outputs wrap (book/depthlib.css), so anything else in the main
+#: column that is wider than its box (code, tables, figures, math, provenance lines) fails.
+SCROLLABLE = ".depthlib-scroll"
+#: Elements not checked at all: MathJax's internals (glyph boxes; the formula's own box is checked), plotly's internals
+#: (the figure's box is checked) and widget internals (the widget's box is checked).
+IGNORED = "mjx-container *, .js-plotly-plot *, .jupyter-widgets *"
+#: Elements only checked for staying inside the main column: inline math is a few px wider than its box (italic
+#: overhangs of MathJax glyphs), which clips nothing.
+INLINE = "span.math, mjx-container:not([display='true'])"
+#: For every element of the main column that is wider than its box (scrollWidth > clientWidth) or sticks out of the
+#: main column, one line saying what it is; intentionally scrollable elements are skipped.
+OVERFLOW_JS = """([scrollable, ignored, inline]) => {
+  const main = document.querySelector('article.bd-article') || document.querySelector('main');
+  const column = main.getBoundingClientRect();
+  const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') +
+    ((typeof el.className === 'string' && el.className.trim()) ? '.' + el.className.trim().split(/\\s+/).join('.') : '');
+  const bad = [], flagged = [];
+  const pageWide = document.documentElement.scrollWidth - document.documentElement.clientWidth;
+  if (pageWide > 1) bad.push(`the page scrolls sideways by ${pageWide} px`);
+  for (const el of main.querySelectorAll('*')) {
+    if (el.matches(ignored) || el.closest(scrollable) || flagged.some(f => f.contains(el))) continue;
+    const cs = getComputedStyle(el);
+    if (cs.display === 'none' || cs.display === 'inline' || cs.visibility === 'hidden') continue;
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;
+    if (el.scrollWidth > el.clientWidth + 1 && !el.matches(inline)) {
+      flagged.push(el);   // report the outermost box only, not everything inside it
+      bad.push(`${name(el)}: content ${el.scrollWidth} px wide in a ${el.clientWidth} px box (overflow-x ${cs.overflowX})`);
+    } else if (r.right > column.right + 1 || r.left < column.left - 1) {
+      flagged.push(el);
+      bad.push(`${name(el)}: spans ${Math.round(r.left)}-${Math.round(r.right)} px, the main column ` +
+               `${Math.round(column.left)}-${Math.round(column.right)} px`);
+    }
+  }
+  return bad;
+}"""
 
 
 def _plotly_outputs(notebook: Path) -> int:
@@ -48,17 +88,22 @@ def browser():
         b.close()
 
 
-def _open(browser, url: str, shot: Path):
-    page = browser.new_page(viewport={"width": 1280, "height": 1800})
+def _open(browser, url: str, shot: Path | None):
+    page = browser.new_page(viewport=VIEWPORT)
     failed, errors = [], []
     page.on("requestfailed", lambda r: failed.append(f"{r.url} ({r.failure})"))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url, wait_until="load")
     page.wait_for_timeout(1500)
-    shot.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(shot), full_page=False)
+    if shot is not None:
+        _screenshot(page, shot)
     return page, failed, [e for e in errors if not any(h in e for h in HARMLESS_CONSOLE)]
+
+
+def _screenshot(page, shot: Path) -> None:
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shot), full_page=True)
 
 
 CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -88,6 +133,17 @@ def test_chapter_figures_are_drawn(built_book, browser, chapter):
     drawn = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')]
         .map(gd => gd.querySelectorAll('.main-svg').length > 0 && (gd.data || []).length > 0)""")
     assert all(drawn), f"figures not drawn: {[i for i, d in enumerate(drawn) if not d]}"
+    page.close()
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_nothing_is_clipped_at_1280px(built_book, browser, chapter):
+    html, _ = built_book
+    page, _, _ = _open(browser, (html / "notebooks" / f"{chapter}.html").as_uri(), None)
+    page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")   # math typeset
+    too_wide = page.evaluate(OVERFLOW_JS, [SCROLLABLE, IGNORED, INLINE])   # before a full-page shot resizes the page
+    _screenshot(page, ROOT / "_build" / "browser" / f"{chapter}-layout.png")
+    assert not too_wide, f"{chapter} at 1280 px: " + "; ".join(too_wide[:12])
     page.close()
 
 
