@@ -16,11 +16,11 @@ from depthlib import plots
 
 #: metric -> (axis title with units, x offset, description). x is the block index in the paper's 1-indexing.
 METRIC_LABELS = {
-    "theta": ("θ(h_{l−1}, h_l) (rad)", "rotation made by each block"),
-    "theta_dh": ("θ(Δh_{l−1}, Δh_l) (rad)", "angle between consecutive updates (π/2 = uncorrelated)"),
-    "norms": ("‖h_l‖ (residual-stream norm)", "norm of the residual stream"),
-    "angle_to_end": ("θ(h_l, h_L) (rad)", "angle to the final state"),
-    "progress": ("s_l (fraction of the chord h_0 → h_L)", "progress along the chord"),
+    "theta": ("θ(h<sub>l−1</sub>, h<sub>l</sub>) (rad)", "rotation made by each block"),
+    "theta_dh": ("θ(Δh<sub>l−1</sub>, Δh<sub>l</sub>) (rad)", "angle between consecutive updates (π/2 = uncorrelated)"),
+    "norms": ("‖h<sub>l</sub>‖ (residual-stream norm)", "norm of the residual stream"),
+    "angle_to_end": ("θ(h<sub>l</sub>, h<sub>L</sub>) (rad)", "angle to the final state"),
+    "progress": ("s<sub>l</sub> (fraction of the chord h<sub>0</sub> → h<sub>L</sub>)", "progress along the chord"),
     "ce_logit": ("next-token loss (nats)", "logit lens"),
     "ce_last_block": ("next-token loss (nats)", "last-block lens"),
 }
@@ -117,7 +117,7 @@ def pca_scatter(analysis, *, model: str = "", max_points: int = 4000, seed: int 
 def ideal_trajectories(analysis, theta_mean: np.ndarray, *, model: str = "") -> go.Figure:
     """The two ideal trajectories next to the mean of each cluster (angles by block)."""
     fig = plots.new_figure(f"Ideal trajectories and cluster means {('— ' + model) if model else ''}",
-                           "block l (1 = first)", "θ(h_{l−1}, h_l) (rad)")
+                           "block l (1 = first)", "θ(h<sub>l−1</sub>, h<sub>l</sub>) (rad)")
     x = np.arange(1, len(theta_mean) + 1)
     for i, (name, ideal) in enumerate(analysis.ideals.items()):
         fig.add_trace(go.Scatter(x=x, y=ideal, mode="lines", line=dict(dash="dash", color=plots.color(i)),

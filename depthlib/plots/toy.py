@@ -59,7 +59,7 @@ def loss_vs_depth_slider(curves: pd.DataFrame, step: int | None = None):
     df = curves[curves["step"] == step]
     depths = sorted(df["depth"].unique())
     fig = plots.new_figure("Test loss against depth", "student depth ℓ (blocks)",
-                           "test loss (KL, nats; MSE variants: squared error)", log_x=True, log_y=True)
+                           "test loss (KL from the teacher, nats)", log_x=True, log_y=True)
     labels, titles = [], []
     summary = analysis.final_alpha(df)
     for rho, temp in _cells(df):
