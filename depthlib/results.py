@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -146,6 +147,37 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, cached by (resolved path, size, mtime) in memory and in
+    ``<cache>/fingerprints.json``, so a model's gigabyte of weights is hashed once, not on every call."""
+    path = Path(path).resolve()
+    st = path.stat()
+    mem_key = (str(path), st.st_size, st.st_mtime_ns)
+    if mem_key in _DIGESTS:
+        return _DIGESTS[mem_key]
+    store = paths.cache_dir() / "fingerprints.json"
+    disk_key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        known = json.loads(store.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    digest = known.get(disk_key)
+    if not (isinstance(digest, str) and len(digest) == 64):
+        digest = _sha256(path)
+        known = {k: v for k, v in known.items() if not k.startswith(f"{path}|")}
+        known[disk_key] = digest
+        try:
+            _atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, sort_keys=True)))
+        except OSError:
+            pass   # a read-only cache only costs hashing again next time
+    _DIGESTS[mem_key] = digest
+    return digest
+
+
 def _atomic_write(final: Path, write: Callable[[Path], None]) -> None:
     """Write via a temporary file in the same folder and rename; the temporary file never outlives a failure."""
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -212,9 +244,12 @@ class Run:
         if not path.exists():
             return {}
         try:
-            return json.loads(path.read_text())
+            info = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise CorruptRunError(f"run folder {self.path} has an unreadable manifest.json") from None
+        if not isinstance(info, dict):
+            raise CorruptRunError(f"run folder {self.path} has a manifest.json that is not a JSON object")
+        return info
 
     @property
     def complete(self) -> bool:
@@ -298,6 +333,115 @@ def open_run(experiment: str, config: dict[str, Any], root: Path | None = None) 
     """
     root = paths.local_results_dir() if root is None else Path(root)
     return Run(experiment, normalise(config), root / experiment / config_key(config))
+
+
+_TMP_NAME = re.compile(r"\.tmp(\d+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def remove_stray_tmp(folder: Path) -> list[Path]:
+    """Delete the temporary files (``<name>.tmp<pid>``) an interrupted atomic write left in ``folder``: this
+    process's own and those of processes that are gone (a write cut short by a full disk would keep it full).
+    Returns what was removed; a folder that cannot be listed is left alone."""
+    removed = []
+    try:
+        candidates = [p for p in Path(folder).rglob("*.tmp*") if p.is_file()]
+    except OSError:
+        return removed
+    for path in candidates:
+        match = _TMP_NAME.search(path.name)
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        if pid == os.getpid() or not _pid_alive(pid):
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+def readable_checkpoint(path: Path) -> bool:
+    """A ``torch.save`` file (a zip archive) is whole: every member's CRC checks (cheap; nothing is unpickled)."""
+    import zipfile
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        return False
+
+
+def corruption(run: Run, tables: Sequence[str] = (), checkpoints: Sequence[str] = ()) -> str | None:
+    """What is wrong with an existing run folder, in a few words, or None if it reads: a finished run's manifest
+    and every table (present and matching the manifest's checksum); a partial run's tables and checkpoints."""
+    try:
+        m = run.manifest
+    except CorruptRunError:
+        return "its manifest.json is unreadable"
+    if m.get("status") == "complete":
+        listed = m.get("tables")
+        if not isinstance(listed, dict):
+            return "its manifest lists no table checksums"
+        for name in sorted(set(listed) | set(tables)):
+            path = run.table_path(name)
+            info = listed.get(name)
+            if not path.exists():
+                return f"table {name} is missing"
+            if not isinstance(info, dict) or _sha256(path) != info.get("sha256"):
+                return f"table {name} fails its checksum"
+        return None
+    for name in run.tables():             # a partial run's tables are small (e.g. one curve per evaluation)
+        path = run.table_path(name)
+        try:
+            import pyarrow.parquet as pq
+            pq.read_table(path)
+        except Exception:  # noqa: BLE001 - any unreadable file counts
+            return f"table {name} is unreadable"
+    for name in checkpoints:
+        path = run.path / name
+        if path.exists() and not readable_checkpoint(path):
+            return f"{name} is unreadable"
+    return None
+
+
+def prepare_run(run: Run, *, force: bool = False, tables: Sequence[str] = (),
+                checkpoints: Sequence[str] = ()) -> Run:
+    """Validate a local run when it is opened: with ``force`` its folder is deleted (recomputed from scratch);
+    a corrupt one (:func:`corruption`) is reported in one stderr line naming its folder and deleted, so the
+    caller recomputes it instead of failing on every rerun."""
+    if not run.path.exists():
+        return run
+    remove_stray_tmp(run.path)
+    if run.committed:
+        raise InputError(f"{run.path} is a committed run: it is never deleted or recomputed in place")
+    if force:
+        print(f"[depthlib] --force: deleting the cached run {run.path} and recomputing it", file=sys.stderr)
+        shutil.rmtree(run.path)
+        return run
+    problem = corruption(run, tables, checkpoints)
+    if problem is not None:
+        print(f"[depthlib] corrupt run {run.path}: {problem}; deleting it and recomputing", file=sys.stderr)
+        shutil.rmtree(run.path)
+    return run
+
+
+def fresh_run(experiment: str, config: dict[str, Any]) -> Run:
+    """The local run folder of (experiment, config) to compute into: a complete run made by the current code is
+    returned as it is, one made by other code (stale) is deleted first, a partial one is kept to resume."""
+    run = open_run(experiment, config)
+    if run.complete and run.stale:
+        shutil.rmtree(run.path)
+    return run
 
 
 def roots(rerun: bool = False) -> list[Path]:
@@ -395,6 +539,13 @@ def provenance(run: Run) -> str:
     where = "committed run" if run.committed else "computed on this machine"
     return (f"profile `{m.get('profile')}` · {m.get('device')} · commit {commit} · code {m.get('code_fingerprint')}"
             f" · {m.get('created')} · wall time {m.get('wall_time_s', 0):.0f} s · {where} ({run.experiment}/{run.key})")
+
+
+def run_info(run: Run) -> dict[str, Any]:
+    """The provenance every chapter states about its run: profile, device, date, commit, wall time."""
+    m = run.manifest
+    return {"profile": m.get("profile"), "device": m.get("device"), "date": m.get("created"),
+            "commit": m.get("git_sha"), "wall_time_s": m.get("wall_time_s")}
 
 
 def staleness_note(run: Run) -> str:

@@ -14,7 +14,6 @@ The config holds the sha256 of the CSV the run was computed from, so another CSV
 from __future__ import annotations
 
 import hashlib
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -90,11 +89,9 @@ def compute_chapter(profile: str = "smoke", *, data_path: str | Path | None = No
     Tables already written are kept, so an interrupted run resumes; a complete run computed by other code (stale
     fingerprint) is recomputed from scratch."""
     config = chapter_config(profile, data_path)
-    run = results.open_run(EXPERIMENT, config)
-    if run.complete and not run.stale:
-        return run
+    run = results.fresh_run(EXPERIMENT, config)
     if run.complete:
-        shutil.rmtree(run.path)
+        return run
     prof = PROFILES[profile]
     df = data.chinchilla(data_path)
     start, before = time.perf_counter(), run.elapsed_before()
@@ -157,9 +154,5 @@ def replay(run: results.Run, n_resamples: int = 3, data_path: str | Path | None 
 
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
-    m = run.manifest
-    c = m.get("config", {})
-    return {"profile": m.get("profile"), "device": m.get("device"), "date": m.get("created"),
-            "commit": m.get("git_sha"), "n_bootstrap": c.get("n_bootstrap"), "paper_scan": c.get("paper_scan"),
-            "exclude": c.get("exclude"), "seed": c.get("seed"), "n_splits": c.get("n_splits"),
-            "wall_time_s": m.get("wall_time_s")}
+    c = run.manifest.get("config", {})
+    return {**results.run_info(run), **{k: c.get(k) for k in ("n_bootstrap", "paper_scan", "exclude", "seed", "n_splits")}}

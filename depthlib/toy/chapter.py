@@ -13,7 +13,15 @@ import pandas as pd
 
 from depthlib import results
 from depthlib.errors import InputError
-from depthlib.toy.sweep import EXPERIMENT, PAPER_TEMPERATURES, SweepConfig, build_engine, grid, run_sweep
+from depthlib.toy.sweep import (
+    EXPERIMENT,
+    PAPER_TEMPERATURES,
+    SweepConfig,
+    build_engine,
+    grid,
+    open_sweep_run,
+    run_sweep,
+)
 
 #: smoke: seconds, proves the code path (numbers meaningless). cpu: the reduced sweep sized for `make book`'s
 #: 20-minute budget on 2 idle cores (8.6 GFLOP/step × 10k steps at ≈ 100 GFLOP/s; several times longer on a busy
@@ -56,6 +64,20 @@ def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, dept
     return cfg.validate()
 
 
+def train(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
+          allow_tf32: bool = False, root=None) -> results.Run:
+    """Train (or resume, or load) a sweep, checking its run folder first (:func:`depthlib.results.prepare_run`):
+    a partial run with an unreadable curve table or ``checkpoint.pt`` (or a finished run whose manifest or tables
+    do not read or fail their checksums) is reported in one stderr line naming its folder, deleted and restarted,
+    instead of failing after all the remaining training; ``force`` deletes the run first. Temporary files a crash
+    left in the folder (e.g. a checkpoint cut short by a full disk) are removed."""
+    run = open_sweep_run(cfg, allow_tf32, root)
+    results.remove_stray_tmp(run.path)
+    results.prepare_run(run, force=force, checkpoints=("checkpoint.pt",))
+    try:
+        return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root)
+    finally:
+        results.remove_stray_tmp(run.path)
 
 
 def _expected(profile: str) -> dict | None:
@@ -67,7 +89,7 @@ def chapter_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = Fa
     """The sweep chapter 3 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`);
     if there is none, the profile is trained now (cached, resumable)."""
     results.check_profile(profile)
-    return results.chapter_run(EXPERIMENT, profile, lambda: run_sweep(PROFILES[profile], device, progress=progress),
+    return results.chapter_run(EXPERIMENT, profile, lambda: train(PROFILES[profile], device, progress=progress),
                                expected_config=_expected, rerun=rerun)
 
 
@@ -94,10 +116,7 @@ def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     m = run.manifest
     c = m.get("config", {})
-    return {"profile": m.get("profile"), "device": m.get("device"), "date": m.get("created"),
-            "commit": m.get("git_sha"), "variant": c.get("variant"), "steps": c.get("steps"),
-            "batch": c.get("batch"), "depths": c.get("depths"), "replicates": c.get("replicates"),
+    return {**results.run_info(run), **{k: c.get(k) for k in ("variant", "steps", "batch", "depths", "replicates",
+                                                             "teacher_depth")},
             "rhos": sorted({cell[0] for cell in c.get("cells", [])}),
-            "temperatures": sorted({cell[1] for cell in c.get("cells", [])}),
-            "teacher_depth": c.get("teacher_depth"), "flop": m.get("flop_total"),
-            "wall_time_s": m.get("wall_time_s")}
+            "temperatures": sorted({cell[1] for cell in c.get("cells", [])}), "flop": m.get("flop_total")}

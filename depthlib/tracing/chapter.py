@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -109,11 +108,9 @@ def compute_chapter(profile: str = "smoke", *, extra_models: Sequence[str] = (),
     computed by other code (stale fingerprint) is recomputed from scratch.
     """
     config = chapter_config(profile, extra_models)
-    run = results.open_run(EXPERIMENT, config)
-    if run.complete and not run.stale:
-        return run
+    run = results.fresh_run(EXPERIMENT, config)
     if run.complete:
-        shutil.rmtree(run.path)
+        return run
     prof = PROFILES[profile]
     facts = load_facts()
     prompts = _chapter_facts(prof)
