@@ -516,8 +516,11 @@ def chapter_run(experiment: str, profile: str, compute: Callable[[], Run], *,
     return compute()
 
 
-def commit_run(run: Run, dest: Path | None = None) -> Path:
-    """Copy a finished run's manifest and tables (no checkpoints, no per-step scratch) into ``data/results``."""
+def commit_run(run: Run, dest: Path | None = None, omit: Sequence[str] = ()) -> Path:
+    """Copy a finished run's manifest and tables (no checkpoints, no per-step scratch) into ``data/results``.
+
+    ``omit`` leaves out tables the book does not read (e.g. the token sample of a sensitivity run) to keep the
+    repository small; the committed manifest lists them under ``omitted_tables``."""
     if not run.complete:
         raise InputError(f"run {run.path} is not complete")
     dest_root = dest or paths.committed_results_dir()
@@ -525,9 +528,18 @@ def commit_run(run: Run, dest: Path | None = None) -> Path:
         raise InputError("no data/results folder here (not a checkout): set DEPTHLIB_RESULTS_DIR")
     target = Path(dest_root) / run.experiment / run.key
     target.mkdir(parents=True, exist_ok=True)
-    for name in run.manifest.get("tables", {}):
-        shutil.copy2(run.table_path(name), target / f"{name}.parquet")
-    shutil.copy2(run.path / "manifest.json", target / "manifest.json")
+    manifest = run.manifest
+    unknown = set(omit) - set(manifest.get("tables", {}))
+    if unknown:
+        raise InputError(f"run {run.path} has no table(s) {', '.join(sorted(unknown))} to omit")
+    for name in manifest.get("tables", {}):
+        if name not in omit:
+            shutil.copy2(run.table_path(name), target / f"{name}.parquet")
+    if omit:
+        manifest["omitted_tables"] = sorted(set(omit) | set(manifest.get("omitted_tables", [])))
+        manifest["tables"] = {k: v for k, v in manifest["tables"].items() if k not in omit}
+    text = json.dumps(manifest, indent=2, sort_keys=True, default=str, allow_nan=False)
+    _atomic_write(target / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
     return target
 
 

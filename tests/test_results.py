@@ -219,3 +219,17 @@ def test_profiles_and_paths(monkeypatch, tmp_path):
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "c"))
     assert paths.local_results_dir() == tmp_path / "c" / "results"
     assert paths.package_file("measures.py").exists()
+
+
+def test_commit_run_can_omit_tables_and_says_so(roots):
+    committed, local = roots
+    run = results.open_run("exp", {"a": 1}, root=local)
+    run.write_table("keep", pd.DataFrame({"x": [1]}))
+    run.write_table("big", pd.DataFrame({"x": range(1000)}))
+    run.finish(profile="cpu", seed=0, wall_time_s=1.0, code=CODE)
+    target = results.commit_run(run, omit=("big",))
+    assert sorted(p.name for p in target.iterdir()) == ["keep.parquet", "manifest.json"]
+    copied = results.Run("exp", {}, target)
+    assert copied.manifest["omitted_tables"] == ["big"] and copied.validate() and not copied.stale
+    with pytest.raises(InputError, match="no table"):
+        results.commit_run(run, omit=("nope",))
