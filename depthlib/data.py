@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -34,16 +35,19 @@ def chinchilla_path(path: str | os.PathLike | None = None) -> Path:
     if path is not None:
         p = Path(path)
         if p.is_dir():
+            _check_readable_folder(p, "--data folder")
             p = p / CHINCHILLA_FILE
         if not p.exists():
             raise InputError(f"Chinchilla CSV not found: {p}")
-        return p
+        return _check_readable_file(p)
     local = os.environ.get("DEPTHLIB_DATA_DIR")
     if local:
+        if Path(local).is_dir():
+            _check_readable_folder(Path(local), "DEPTHLIB_DATA_DIR folder")
         p = Path(local) / CHINCHILLA_FILE
         if not p.exists():
             raise InputError(f"DEPTHLIB_DATA_DIR={local} has no {CHINCHILLA_FILE}")
-        return p
+        return _check_readable_file(p)
     import pooch
     try:
         return Path(pooch.retrieve(CHINCHILLA_URL, known_hash=f"sha256:{CHINCHILLA_SHA256}",
@@ -51,6 +55,25 @@ def chinchilla_path(path: str | os.PathLike | None = None) -> Path:
     except Exception as err:  # noqa: BLE001 - network errors come in many types
         raise InputError(f"could not download the Chinchilla CSV ({type(err).__name__}: {err}); "
                          f"set DEPTHLIB_DATA_DIR to a folder holding {CHINCHILLA_FILE}") from None
+
+
+def _check_readable_folder(folder: Path, what: str) -> Path:
+    if not os.access(folder, os.R_OK | os.X_OK):
+        raise InputError(f"cannot read the {what} {folder}: permission denied")
+    return folder
+
+
+def _check_readable_file(path: Path) -> Path:
+    if path.is_dir():
+        raise InputError(f"{path} is a folder, not a CSV file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"cannot read {path}: permission denied")
+    return path
+
+
+def _plain(value):
+    """A numpy scalar as the Python value it holds (so messages never say ``np.float64(...)``)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def chinchilla(path: str | os.PathLike | None = None) -> pd.DataFrame:
@@ -61,6 +84,10 @@ def chinchilla(path: str | os.PathLike | None = None) -> pd.DataFrame:
     p = chinchilla_path(path)
     try:
         df = pd.read_csv(p)
+    except PermissionError:
+        raise InputError(f"cannot read {p}: permission denied") from None
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{p} is empty: expected a header line and one row per training run") from None
     except Exception as err:  # noqa: BLE001
         raise InputError(f"cannot read {p} as CSV: {err}") from None
     return validate_chinchilla(df, source=str(p))
@@ -71,14 +98,18 @@ def validate_chinchilla(df: pd.DataFrame, source: str = "table") -> pd.DataFrame
     if missing:
         raise InputError(f"{source}: missing column(s) {', '.join(missing)} "
                          f"(expected {', '.join(CHINCHILLA_COLUMNS)})")
+    if len(df) == 0:
+        raise InputError(f"{source}: no data rows (only a header): expected one row per training run")
     out = df.loc[:, list(CHINCHILLA_COLUMNS)].copy()
     for col in CHINCHILLA_COLUMNS:
         values = pd.to_numeric(out[col], errors="coerce")
         bad = values.isna() | ~np.isfinite(values) | (values <= 0)
         if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
-            raw = df[col].iloc[row]
-            what = "missing or not a number" if pd.isna(values.iloc[row]) else "not positive"
+            raw = _plain(df[col].iloc[row])
+            value = values.iloc[row]
+            what = ("missing or not a number" if pd.isna(value)
+                    else "not finite" if not np.isfinite(value) else "not positive")
             raise InputError(f"{source}: row {row} (data line {row + 2}), column '{col}': "
                              f"value {raw!r} is {what}")
         out[col] = values.astype(float)
@@ -123,6 +154,10 @@ def corpus(name: str, n_docs: int | None = None, *, order: str = "newest",
             break
     if not out:
         raise InputError(f"corpus {name!r} has no documents with at least {min_chars} characters")
+    if n_docs is not None and len(out) < n_docs:
+        warnings.warn(f"corpus {name!r} has only {len(out)} documents"
+                      f"{f' with at least {min_chars} characters' if min_chars > 1 else ''}; "
+                      f"{n_docs} were asked for, using all {len(out)}", UserWarning, stacklevel=2)
     return out
 
 
@@ -163,19 +198,42 @@ def _iter_fineweb() -> Iterator[Document]:
         raise InputError(f"cannot stream FineWeb ({type(err).__name__}): it needs the Hugging Face hub") from None
 
 
+def _read_text(path: Path) -> str:
+    """A corpus file's text as UTF-8, or InputError naming the file and the byte offset of the first bad byte."""
+    try:
+        raw = path.read_bytes()
+    except PermissionError:
+        raise InputError(f"cannot read the corpus file {path}: permission denied") from None
+    except OSError as err:
+        raise InputError(f"cannot read the corpus file {path}: {err.strerror or err}") from None
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        raise InputError(f"{path}: a NUL byte at byte offset {nul}: a binary file, not a UTF-8 text corpus")
+    try:
+        return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")   # universal newlines, as text mode
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte offset {err.start}); "
+                         "convert it to UTF-8 first, e.g. iconv -f latin1 -t utf-8") from None
+
+
 def _iter_file(path: Path) -> Iterator[Document]:
+    text = _read_text(path)
     if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as handle:
-            for i, line in enumerate(handle):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    text = row["text"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise InputError(f"{path}: line {i + 1} is not a JSON object with a 'text' field") from None
-                yield Document(str(row.get("id", f"{path.stem}:{i}")), str(text).strip())
+        for i, line in enumerate(text.split("\n")):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                text_i = row["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise InputError(f"{path}: line {i + 1} is not a JSON object with a 'text' field") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path}: line {i + 1} is not a JSON object with a 'text' field")
+            if not isinstance(text_i, str):
+                raise InputError(f"{path}: line {i + 1}: 'text' must be a string, got "
+                                 f"{'null' if text_i is None else type(text_i).__name__}")
+            yield Document(str(row.get("id", f"{path.stem}:{i}")), text_i.strip())
     else:
-        blocks = [b.strip() for b in path.read_text(encoding="utf-8").split("\n\n")]
+        blocks = [b.strip() for b in text.split("\n\n")]
         for i, block in enumerate(b for b in blocks if b):
             yield Document(f"{path.stem}:{i}", block)
