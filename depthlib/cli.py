@@ -1,13 +1,20 @@
 """The ``depthlib`` command: the same functions the notebooks call (design: "The command line").
 
 ``--json`` prints one JSON object on stdout and nothing else there; progress goes to stderr.
-Exit status 0 on success, 2 on bad input with a one-line message naming what was wrong.
+Exit status 0 on success, 2 on bad input with a one-line message naming what was wrong; 1 with a one-line message
+when the machine fails us (a read-only or full cache folder); 130 on Ctrl-C, saying what was saved and how to resume.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
+import os
+import shlex
 import sys
+import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 from depthlib.errors import InputError
@@ -23,9 +30,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _jsonable(obj: Any) -> Any:
+    """``obj`` with only JSON types: numpy scalars and arrays as Python values, NaN and ±inf as None (null)."""
+    import numpy as np
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    return str(obj)
+
+
 def _print_json(obj: dict[str, Any]) -> None:
-    json.dump(obj, sys.stdout, indent=None, sort_keys=False, default=float)
-    sys.stdout.write("\n")
+    """One strict JSON object on stdout (strict parsers reject NaN and Infinity: undefined values are null)."""
+    sys.stdout.write(json.dumps(_jsonable(obj), indent=None, sort_keys=False, allow_nan=False) + "\n")
+    sys.stdout.flush()
 
 
 def _print_human(obj: dict[str, Any], indent: str = "") -> None:
@@ -37,35 +63,49 @@ def _print_human(obj: dict[str, Any], indent: str = "") -> None:
             print(f"{indent}{key}: {value}")
 
 
+def _add_force(p, note: str = "") -> None:
+    p.add_argument("--force", action="store_true",
+                   help="delete a cached run of these settings and recompute it" + (f" ({note})" if note else ""))
+
+
 # ---- fit (issue 2) ---------------------------------------------------------------------------------
 def _add_fit(sub) -> None:
-    p = sub.add_parser("fit", help="fit the decomposed scaling law to the Chinchilla points")
+    p = sub.add_parser("fit", help="fit the decomposed scaling law (or the classic Chinchilla form) to the Chinchilla points")
+    p.add_argument("--law", choices=("decomposed", "chinchilla"), default="decomposed",
+                   help="decomposed: c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 (paper, default); "
+                        "chinchilla: the classic E + A/N^alpha + B/D^beta")
     p.add_argument("--preset", choices=("paper", "converged"), default="converged",
                    help="paper: Adam, 50k steps, as published; converged: the true minimiser (default)")
     p.add_argument("--exclude", type=int, default=40, metavar="K",
                    help="drop rows with loss >= the K-th largest loss (strict rule, as the paper; default 40)")
     p.add_argument("--depth-offset", type=int, choices=(0, 2), default=0,
-                   help="use depth ℓ - offset (2 drops the first and last blocks, App. B)")
+                   help="use depth ℓ - offset (2 drops the first and last blocks, App. B; decomposed law only)")
     p.add_argument("--objective", choices=("mse", "huber"), default="mse",
                    help="mse: 100·mean squared log error (paper); huber: summed Huber, δ=1e-3, in log space")
     p.add_argument("--bootstrap", type=int, default=0, metavar="N", help="also run N bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (>= 0)")
     p.add_argument("--data", default=None, metavar="CSV", help="a local copy of the Chinchilla CSV")
+    _add_force(p, "fits are never cached (seconds), so every fit is computed afresh anyway")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_fit)
+    p.set_defaults(handler=_cmd_fit, saves=None)
 
 
 def _cmd_fit(args) -> dict[str, Any]:
-    from depthlib import data, scaling
+    from depthlib import data, scaling, validate
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    validate.int_in_range("--seed", args.seed, 0, 2**32 - 1)
+    if args.data is not None:
+        validate.accessible("--data", args.data)
+    if args.law == "chinchilla" and args.depth_offset:
+        raise InputError("--depth-offset applies to the decomposed law only (the classic form has no depth term)")
     df = data.chinchilla(args.data)
-    fit = scaling.fit_decomposed_law(df, preset=args.preset, exclude=args.exclude,
+    fit = scaling.fit_decomposed_law(df, preset=args.preset, exclude=args.exclude, law=args.law,
                                      depth_offset=args.depth_offset, objective=args.objective)
     out = fit.summary()
     if args.bootstrap:
         boot = scaling.bootstrap(df, n_resamples=args.bootstrap, seed=args.seed, exclude=args.exclude,
-                                 depth_offset=args.depth_offset, objective=args.objective)
+                                 depth_offset=args.depth_offset, law=args.law, objective=args.objective)
         out["bootstrap"] = scaling.bootstrap_summary(boot)
     return out
 
@@ -107,8 +147,9 @@ def _add_toy(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (changes the numbers)")
+    _add_force(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_toy)
+    p.set_defaults(handler=_cmd_toy, saves=None)
 
 
 def _cmd_toy(args) -> dict[str, Any]:
@@ -124,8 +165,13 @@ def _cmd_toy(args) -> dict[str, Any]:
     cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature, depths=args.depths,
                                steps=args.steps, replicates=args.replicates,
                                **({"variant": args.variant} if args.variant else {}))
-    cached = sweep.open_sweep_run(cfg, args.tf32).complete
-    run = sweep.run_sweep(cfg, args.device, progress=True, allow_tf32=args.tf32)
+    folder = sweep.open_sweep_run(cfg, args.tf32).path
+    args.save_dir, args.saves = folder, f"the sweep's last checkpoint (every evaluation on the CPU) is in {folder}"
+    before = None if args.force else _finished_at(folder)
+    run = chapter.train(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32)
+    cached = before is not None and run.manifest.get("created") == before     # not recomputed (e.g. as corrupt)
+    if cached:
+        print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
     m = run.manifest
     alpha = run.table("alpha")
     out = {
@@ -145,6 +191,15 @@ def _cmd_toy(args) -> dict[str, Any]:
         out["alpha"] = {f"rho={a['rho']:g}, T={a['temperature']:.3g}": f"{a['alpha']} [{a['lo']}, {a['hi']}]"
                         for a in out["alpha"]}
     return out
+
+
+def _finished_at(folder: Path) -> str | None:
+    """When the run in ``folder`` was finished (its manifest's ``created``), or None: not finished or unreadable."""
+    try:
+        m = json.loads((folder / "manifest.json").read_text())
+        return m.get("created") if m.get("status") == "complete" else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _round_or_none(x: float, digits: int = 3):
@@ -169,10 +224,10 @@ def _add_probe(sub) -> None:
     p.add_argument("--lens-tokens", type=int, default=16, metavar="K",
                    help="tokens per document scored by the lenses (0: all, as the paper; default 16)")
     p.add_argument("--lens-docs", type=int, default=None, metavar="N", help="only the first N documents get lenses")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force", action="store_true", help="recompute even if a cached run exists")
+    p.add_argument("--seed", type=int, default=0, help="seed of the token reservoir and lens sampling (>= 0)")
+    _add_force(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_probe)
+    p.set_defaults(handler=_cmd_probe, saves=None)
 
 
 def _cmd_probe(args) -> dict[str, Any]:
@@ -181,6 +236,15 @@ def _cmd_probe(args) -> dict[str, Any]:
     cfg = probes.ProbeConfig(max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
                              device=args.device, lenses=not args.no_lenses,
                              lens_tokens_per_doc=args.lens_tokens or None, lens_docs=args.lens_docs, seed=args.seed)
+    if args.lens_tokens < 0:
+        raise InputError(f"--lens-tokens must be >= 0 (0: all tokens), got {args.lens_tokens}")
+    from depthlib import results, validate
+    if args.corpus not in ("sotu", "fineweb"):
+        validate.accessible("--corpus", args.corpus)
+    validate.accessible("--model", args.model)
+    folder = results.open_run(probes.experiment_name(args.model),
+                              probes.probe_key(args.model, args.corpus, args.docs, cfg.validate())).path
+    args.save_dir, args.saves = folder, f"finished documents are checkpointed in {folder} (every 4 batches)"
     run = probes.run_probe(args.model, args.corpus, args.docs, cfg, progress=True, force=args.force)
     out = dict(run.manifest["summary"])
     for key in ("probe_seconds", "vocab_size"):
@@ -214,8 +278,9 @@ def _add_trace(sub) -> None:
     p.add_argument("--seed", type=int, default=1, help="seed of the noise")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    _add_force(p, "a single trace is never cached (seconds), so it is computed afresh anyway")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_trace)
+    p.set_defaults(handler=_cmd_trace, saves=None)
 
 
 def _cmd_trace(args) -> dict[str, Any]:
@@ -223,14 +288,13 @@ def _cmd_trace(args) -> dict[str, Any]:
         raise InputError(f"--samples must be >= 1, got {args.samples}")
     if args.window is not None and args.window < 1:
         raise InputError(f"--window must be >= 1, got {args.window}")
-    if args.device.startswith("cuda"):
-        import torch
-        if not torch.cuda.is_available():
-            raise InputError(f"--device {args.device}: CUDA is not available here")
+    from depthlib import validate
+    validate.int_in_range("--seed", args.seed, 0, 2**63 - 1)
+    validate.resolve_device(args.device)   # before loading the model: 'tpu' or absent CUDA is one line
     if not args.subject.strip() or args.subject.lower() not in args.prompt.lower():
         raise InputError(f"subject {args.subject!r} not found in the prompt {args.prompt!r}")
     from depthlib import tracing
-    from depthlib.data import load_model
+    from depthlib.models import load_model
     if args.noise not in tracing.NOISE_PRESETS:
         tracing.noise_sigma(None, None, args.noise)  # validates a number before loading the model
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -250,19 +314,152 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_WARNED: set[str] = set()
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one stderr line each, each said once (the contract: notes on stderr, no source excerpts)."""
+    text = " ".join(str(message).split())
+    if text in _WARNED:
+        return
+    _WARNED.add(text)
+    _say(f"[depthlib] warning: {text}")
+
+
+def _environment_error(err: BaseException) -> str:
+    """An OS failure (read-only or full cache, missing permission) as one line naming the file or folder."""
+    name = getattr(err, "filename", None)
+    where = Path(name) if name else None
+    if where is not None and ".tmp" in where.name:
+        where = where.parent              # an atomic write's temporary file: name the folder it was writing to
+    code = getattr(err, "errno", None)
+    if code == errno.ENOSPC or "No space left" in str(err):
+        what = "the disk is full"
+        hint = "free some space, or point DEPTHLIB_CACHE_DIR at another disk"
+    elif code == errno.EROFS:
+        what, hint = "read-only file system", "point DEPTHLIB_CACHE_DIR at a writable folder"
+    elif code in (errno.EACCES, errno.EPERM):
+        place = f" {where}" if where is not None else ""
+        return (f"cannot access{place}: permission denied; check its permissions (for the cache: point "
+                "DEPTHLIB_CACHE_DIR at a writable folder)")
+    else:
+        what = getattr(err, "strerror", None) or str(err).splitlines()[0]
+        hint = "point DEPTHLIB_CACHE_DIR at a writable folder"
+    place = f" {where}" if where is not None else " the cache"
+    return f"cannot write{place}: {what}; {hint}"
+
+
+def _is_write_failure(err: RuntimeError) -> bool:
+    """torch.save's stream writer reports a full disk as a RuntimeError, not an OSError."""
+    text = str(err)
+    return any(s in text for s in ("PytorchStreamWriter", "file write failed", "unexpected pos"))
+
+
+def _cleanup(args) -> None:
+    """Remove temporary files this process left in the cache (a failed write must not keep a disk full)."""
+    from depthlib import paths, results
+    folder = getattr(args, "save_dir", None)
+    try:
+        folder = Path(folder) if folder is not None else paths.local_results_dir()
+    except Exception:  # noqa: BLE001 - best effort
+        return
+    if folder.is_dir():
+        results.remove_stray_tmp(folder)
+
+
+class _Stderr:
+    """sys.stderr that remembers whether its last write ended a line (a progress bar cut short by an error leaves
+    its line open: the one-line message must start on a line of its own)."""
+
+    def __init__(self, stream):
+        self._stream, self.at_line_start = stream, True
+
+    def write(self, text: str) -> int:
+        if text:
+            self.at_line_start = text.endswith("\n")
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _close_bars() -> None:
+    """Close progress bars an error cut short (else each redraws itself after the message when collected)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        try:
+            bar.close()
+        except Exception:  # noqa: BLE001 - cosmetic only
+            pass
+
+
+def _say(line: str, *, last: bool = False) -> None:
+    """One line on stderr, on a line of its own; ``last`` (an error ends the command): after closing any progress
+    bar the error cut short."""
+    if last:
+        _close_bars()
+    err = sys.stderr
+    start = "" if getattr(err, "at_line_start", True) else "\n"
+    print(start + line, file=err)
+
+
+def _resume_command(argv: list[str]) -> str:
+    return shlex.join(["depthlib", *[a for a in argv if a != "--force"]])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], dict[str, Any]] = args.handler
+    prefix = f"depthlib {args.command}"
+    old_stderr = sys.stderr
+    sys.stderr = _Stderr(sys.stderr)
+    _WARNED.clear()
+    warn_context = warnings.catch_warnings()
+    warn_context.__enter__()
+    warnings.simplefilter("always", UserWarning)       # each call says its warnings (once each, _one_line_warning)
+    warnings.showwarning = _one_line_warning
     try:
         result = handler(args)
+        if getattr(args, "json", False):
+            _print_json(result)
+        else:
+            _print_human(_jsonable(result))   # plain Python values: never np.float64(...) in a list
+            sys.stdout.flush()
     except InputError as err:
-        print(f"depthlib {args.command}: error: {err}", file=sys.stderr)
+        _say(f"{prefix}: error: {' '.join(str(err).split())}", last=True)
         return 2
-    if getattr(args, "json", False):
-        _print_json(result)
-    else:
-        _print_human(result)
+    except BrokenPipeError:
+        # the reader stopped early (``depthlib fit --json | head -c 100``): its choice, not a failure
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
+    except KeyboardInterrupt:
+        _cleanup(args)
+        saves = getattr(args, "saves", None)
+        said = (f"{saves}; run `{_resume_command(argv)}` again to resume" if saves
+                else "nothing was saved (this command keeps no partial results); run it again to redo it")
+        _say(f"{prefix}: interrupted: {said}", last=True)
+        return 130
+    except OSError as err:
+        _cleanup(args)
+        _say(f"{prefix}: error: {_environment_error(err)}", last=True)
+        return 1
+    except RuntimeError as err:
+        if not _is_write_failure(err):
+            raise
+        _cleanup(args)
+        folder = getattr(args, "save_dir", None) or "the results cache"
+        _say(f"{prefix}: error: cannot write a checkpoint in {folder}: the disk is full or not writable; "
+             "free some space, or point DEPTHLIB_CACHE_DIR at another disk", last=True)
+        return 1
+    finally:
+        warn_context.__exit__(None, None, None)
+        sys.stderr = old_stderr
     return 0
 
 

@@ -55,3 +55,20 @@ def distinct(name: str, values: Iterable, at_least: int = 1) -> list:
     if len(values) < at_least:
         raise InputError(f"{name} needs at least {at_least} distinct values, got {len(values)}")
     return values
+
+
+def accessible(name: str, path) -> None:
+    """InputError if ``path`` (a file or folder the user named) exists but may not be read: every folder on the way
+    must be searchable and the path itself readable. A path that does not exist is left to its reader to report."""
+    import os
+    from pathlib import Path
+    path = Path(path).expanduser()
+    try:
+        path.stat()
+    except PermissionError:
+        raise InputError(f"cannot read {name} {path}: permission denied (on a folder on its way)") from None
+    except OSError:
+        return
+    mode = os.R_OK | (os.X_OK if path.is_dir() else 0)
+    if not os.access(path, mode):
+        raise InputError(f"cannot read {name} {path}: permission denied")

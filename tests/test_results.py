@@ -233,3 +233,77 @@ def test_commit_run_can_omit_tables_and_says_so(roots):
     assert copied.manifest["omitted_tables"] == ["big"] and copied.validate() and not copied.stale
     with pytest.raises(InputError, match="no table"):
         results.commit_run(run, omit=("nope",))
+
+
+# ---- issue 10: a run is validated when it is opened ----------------------------------------------------------
+def test_prepare_run_keeps_a_sound_run_and_deletes_a_forced_one(roots, capsys):
+    _, local = roots
+    run = _make(local, "smoke", {"a": 1}, "2024-01-01")
+    assert results.prepare_run(run, tables=("t",)).complete and capsys.readouterr().err == ""
+    results.prepare_run(run, force=True)
+    assert not run.path.exists() and f"--force: deleting the cached run {run.path}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda run: (run.path / "manifest.json").write_text('{"status": "compl'), "its manifest.json is unreadable"),
+    (lambda run: (run.path / "manifest.json").write_text("[1, 2]"), "its manifest.json is unreadable"),
+    (lambda run: run.table_path("t").write_bytes(run.table_path("t").read_bytes()[:50]), "table t fails its checksum"),
+    (lambda run: run.table_path("t").unlink(), "table t is missing"),
+])
+def test_prepare_run_reports_a_corrupt_finished_run_in_one_line_and_deletes_it(roots, capsys, damage, problem):
+    _, local = roots
+    run = _make(local, "smoke", {"a": 1}, "2024-01-01")
+    damage(run)
+    results.prepare_run(run, tables=("t",))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"[depthlib] corrupt run {run.path}: {problem}; deleting it and recomputing"]
+    assert not run.path.exists()
+
+
+def test_prepare_run_checks_a_partial_runs_tables_and_checkpoint(tmp_path, capsys):
+    import torch
+    run = results.open_run("exp", {"a": 2}, root=tmp_path)
+    run.write_table("curve_1", pd.DataFrame({"x": range(50)}))
+    torch.save({"w": torch.ones(100)}, run.path / "checkpoint.pt")
+    assert results.corruption(run, checkpoints=("checkpoint.pt",)) is None
+    assert results.readable_checkpoint(run.path / "checkpoint.pt")
+    data = (run.path / "checkpoint.pt").read_bytes()
+    (run.path / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    assert not results.readable_checkpoint(run.path / "checkpoint.pt")
+    assert results.corruption(run, checkpoints=("checkpoint.pt",)) == "checkpoint.pt is unreadable"
+    (run.path / "checkpoint.pt").unlink()
+    garbled = bytearray(run.table_path("curve_1").read_bytes())
+    garbled[10:60] = b"x" * 50
+    run.table_path("curve_1").write_bytes(bytes(garbled))
+    assert results.corruption(run) == "table curve_1 is unreadable"
+    results.prepare_run(run)
+    assert not run.path.exists() and "corrupt run" in capsys.readouterr().err
+
+
+def test_stray_tmp_files_of_gone_processes_are_removed(tmp_path):
+    import os
+    import subprocess
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f"checkpoint.pt.tmp{gone}").write_bytes(b"x" * 10)
+    (tmp_path / f"t.parquet.tmp{os.getpid()}").write_bytes(b"x")
+    (tmp_path / f"t.parquet.tmp{os.getppid()}").write_bytes(b"x")        # a live process's: kept
+    (tmp_path / "notes.tmp.txt").write_bytes(b"x")                         # not ours: kept
+    removed = {p.name for p in results.remove_stray_tmp(tmp_path)}
+    assert removed == {f"checkpoint.pt.tmp{gone}", f"t.parquet.tmp{os.getpid()}"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"t.parquet.tmp{os.getppid()}", "notes.tmp.txt"])
+
+
+def test_file_digest_is_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
+    import hashlib
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"abc")
+    assert results.file_sha256(f) == hashlib.sha256(b"abc").hexdigest()
+    calls = []
+    monkeypatch.setattr(results, "_sha256", lambda p: calls.append(p) or "0" * 64)
+    assert results.file_sha256(f) == hashlib.sha256(b"abc").hexdigest() and not calls     # memory
+    results._DIGESTS.clear()
+    assert results.file_sha256(f) == hashlib.sha256(b"abc").hexdigest() and not calls     # disk
+    f.write_bytes(b"abcd")                                                                   # size changes
+    assert results.file_sha256(f) == "0" * 64 and calls

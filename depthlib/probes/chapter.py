@@ -134,7 +134,8 @@ def replay(run: results.Run, n_batches: int = 1) -> pd.DataFrame:
     from depthlib import data
     cfg_dict = dict(run.config)
     model, corpus, n_docs = cfg_dict.pop("model"), cfg_dict.pop("corpus"), cfg_dict.pop("n_docs")
-    cfg_dict.pop("dtype")
+    for key in ("dtype", "model_fingerprint", "corpus_fingerprint"):   # what the run's key adds to the config
+        cfg_dict.pop(key, None)
     cfg = ProbeConfig(**{**cfg_dict, "device": "cpu"})
     docs = data.corpus(corpus, min(n_docs, n_batches * cfg.batch_size))
     m, tok = load_probed_model(model, cfg)

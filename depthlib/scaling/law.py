@@ -22,6 +22,7 @@ expressing a data subset as per-row weights.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -33,6 +34,9 @@ from depthlib.errors import InputError
 DEPTH_SCALE = 100.0   # ℓ' = 100 ℓ (paper's rescaling; changes c_ℓ only)
 DATA_SCALE = 1e6      # D' = D / 1e6
 N_EXCLUDED_PAPER = 40  # "drop the 40 highest losses" (drops 42 rows because of ties, spec §3.2)
+#: A fit with fewer points than this per free parameter is refused: its SEs and exponents mean nothing
+#: (7 parameters: at least 35 points for the decomposed law; 5 parameters: 25 for the classic form).
+MIN_POINTS_PER_PARAMETER = 5
 
 #: The paper's published fit, for comparison only: the end point of the fit-5 notebook's 50k Adam steps as it prints
 #: it (full float precision; spec §3.7 and §5.1 round it to 0.97691, 1.20139, 0.29910, 1.75033), and its
@@ -97,13 +101,54 @@ def features(df: pd.DataFrame, law: str = "decomposed", depth_offset: int = 0) -
     raise InputError(f"unknown law '{law}' (choose from {', '.join(LAWS)})")
 
 
+def n_free_parameters(law: str) -> int:
+    """Free parameters of a law: a coefficient and an exponent per term, plus L0."""
+    if law not in LAWS:
+        raise InputError(f"unknown law '{law}' (choose from {', '.join(LAWS)})")
+    return 2 * len(LAWS[law][1]) + 1
+
+
+def min_points(law: str = "decomposed") -> int:
+    """The fewest points a fit of ``law`` accepts (:data:`MIN_POINTS_PER_PARAMETER` per free parameter)."""
+    return MIN_POINTS_PER_PARAMETER * n_free_parameters(law)
+
+
+def check_enough_points(n: int, law: str = "decomposed", what: str = "the fit") -> int:
+    """``n``, or InputError if ``n`` points are too few to fit ``law`` meaningfully."""
+    need = min_points(law)
+    if n < need:
+        raise InputError(f"{what} has only {n} point(s) for the {law} law's {n_free_parameters(law)} free parameters: "
+                         f"it needs at least {need} (at least {MIN_POINTS_PER_PARAMETER} points per free parameter); "
+                         "exclude fewer rows or give more data")
+    return n
+
+
+def warn_duplicate_rows(df: pd.DataFrame) -> int:
+    """Warn (``warnings.warn``) if rows repeat: each copy counts as another point and moves the fit. Returns how many."""
+    cols = [c for c in ("model_size", "FLOP", "loss", "num_tokens", "d_model", "n_layers") if c in df.columns]
+    copies = df.duplicated(subset=cols or None).to_numpy()
+    n = int(copies.sum())
+    if n:
+        first = int(np.flatnonzero(df.duplicated(subset=cols or None, keep=False).to_numpy())[0])
+        warnings.warn(f"{n} row(s) of the data repeat an earlier row (e.g. row {first}, data line {first + 2}, appears "
+                      "again): each copy counts as another point and moves the fit; remove them if they are not "
+                      "separate runs", UserWarning, stacklevel=3)
+    return n
+
+
 def select_points(df: pd.DataFrame, exclude: int = N_EXCLUDED_PAPER, depth_offset: int = 0,
                   law: str = "decomposed") -> Points:
-    """The rows kept by the exclusion rule, as fitting arrays."""
+    """The rows kept by the exclusion rule, as fitting arrays (InputError if too few to fit; a warning if rows
+    repeat)."""
     if depth_offset not in (0, 2):
         raise InputError(f"depth_offset must be 0 or 2, got {depth_offset}")
+    n_free_parameters(law)
+    if len(df) == 0:
+        raise InputError("the data has no rows to fit")
+    warn_duplicate_rows(df)
     keep = ~excluded_mask(df["loss"].to_numpy(), exclude)
     frame = df.loc[keep]
+    check_enough_points(len(frame), law, f"excluding {exclude} of {len(df)} rows, the fit")
     return Points(law, features(frame, law, depth_offset), frame["loss"].to_numpy(float), frame, depth_offset)
 
 
@@ -560,6 +605,7 @@ def held_out(df: pd.DataFrame, n_splits: int = 10, test_fraction: float = 0.2, s
     points = select_points(df, exclude, depth_offset)
     rng = np.random.default_rng(seed)
     n_test = int(test_fraction * points.n)
+    check_enough_points(points.n - n_test, "decomposed", "each training split")
     masks = np.ones((n_splits, points.n))
     for s in range(n_splits):
         masks[s, rng.permutation(points.n)[:n_test]] = 0.0
@@ -591,6 +637,8 @@ def exclusion_scan(df: pd.DataFrame, excludes: Iterable[int] = range(0, 101), de
     for offset in depth_offsets:
         allpts = select_points(df, 0, offset)
         masks = np.array([~excluded_mask(allpts.loss, k) for k in excludes], float)   # (K, n)
+        for k, mask in zip(excludes, masks):
+            check_enough_points(int(mask.sum()), "decomposed", f"excluding {k} of {allpts.n} rows, the fit")
         if preset == "paper":
             thetas = adam_paper(allpts, masks, steps=steps)
         else:
