@@ -411,15 +411,22 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler: Callable[[argparse.Namespace], dict[str, Any]] = args.handler
     prefix = f"depthlib {args.command}"
     old_stderr = sys.stderr
     sys.stderr = _Stderr(sys.stderr)
     _WARNED.clear()
-    warn_context = warnings.catch_warnings()
-    warn_context.__enter__()
-    warnings.simplefilter("always", UserWarning)       # each call says its warnings (once each, _one_line_warning)
-    warnings.showwarning = _one_line_warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", UserWarning)   # each call says its warnings (once each, _one_line_warning)
+        warnings.showwarning = _one_line_warning
+        try:
+            return _run(args, argv, prefix)
+        finally:
+            sys.stderr = old_stderr
+
+
+def _run(args: argparse.Namespace, argv: list[str], prefix: str) -> int:
+    """Run the command's handler and turn every way it can end into the contract's exit status and one line."""
+    handler: Callable[[argparse.Namespace], dict[str, Any]] = args.handler
     try:
         result = handler(args)
         if getattr(args, "json", False):
@@ -457,9 +464,6 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"{prefix}: error: cannot write a checkpoint in {folder}: the disk is full or not writable; "
              "free some space, or point DEPTHLIB_CACHE_DIR at another disk", last=True)
         return 1
-    finally:
-        warn_context.__exit__(None, None, None)
-        sys.stderr = old_stderr
     return 0
 
 
