@@ -99,7 +99,8 @@ def small_cluster_tokens(tokens: pd.DataFrame, analysis: TrajectoryAnalysis, spe
     small = min(analysis.fractions, key=analysis.fractions.get)
     inside = analysis.label == small
     pos = tokens["position"].to_numpy()
-    special = tokens["token"].isin(list(special_ids)).to_numpy()
+    special = (tokens["token"].isin(list(special_ids)).to_numpy() if "token" in tokens
+               else np.zeros(len(tokens), dtype=bool))
     n = int(inside.sum())
     pos0 = float(np.mean(pos == 0))
     return dict(cluster=small, n_tokens=n,
