@@ -39,7 +39,8 @@ MATHJAX_PARTS = ("es5/tex-mml-chtml.js", "es5/output/chtml/fonts", "es5/input/te
 def _npm_pack(spec: str, workdir: Path) -> Path:
     """Download one npm package tarball (no node_modules) and unpack it; returns the package folder."""
     if shutil.which("npm") is None:
-        raise InputError("npm is needed to vendor the book's JS assets (apt-get install npm)")
+        raise InputError("npm is needed to vendor the book's JS assets: install Node.js with npm "
+                         "(NodeSource; Debian's npm package conflicts with it)")
     out = subprocess.run(["npm", "pack", spec, "--silent", "--pack-destination", str(workdir)],
                          capture_output=True, text=True, cwd=workdir)
     if out.returncode != 0:
