@@ -306,10 +306,109 @@ def _cmd_trace(args) -> dict[str, Any]:
             "grid_axes": "grid[layer][token]: mean restored p(target), layer 0 = first block"}
 
 
+# ---- intervene (issue 12) ---------------------------------------------------------------------------
+def _add_intervene(sub) -> None:
+    p = sub.add_parser("intervene", help="delete, reorder or parallelise blocks of a causal LM; loss and KL per plan")
+    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+                   help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id")
+    p.add_argument("--plan", action="append", default=None, metavar="PLAN",
+                   help="blocks to run, 0-indexed: e.g. 0-4,6-17 (block 5 deleted), 0-5,[6-9],10-17 (6..9 in "
+                        "parallel, summed), <6-9> (averaged), 1-16*1.07 (scaled), or delete:5 | reverse:2-15 | "
+                        "swap:7 | parallel:6-9 | average:6-9; repeat --plan for several (default: the chapter's suite)")
+    p.add_argument("--corpus", default="sotu", metavar="NAME", help="sotu (offline) | fineweb (online) | a .txt/.jsonl file")
+    p.add_argument("--docs", type=int, default=8, metavar="N", help="scored documents (default 8)")
+    p.add_argument("--rank-docs", type=int, default=8, metavar="N",
+                   help="documents before the scored ones on which the rankings are computed (default 8)")
+    p.add_argument("--max-length", type=int, default=128, metavar="T", help="tokens per document (default 128)")
+    p.add_argument("--batch-size", type=int, default=4, help="documents per forward pass (default 4)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    _add_force(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=_cmd_intervene, saves=None)
+
+
+def _cmd_intervene(args) -> dict[str, Any]:
+    from depthlib import interventions, results, validate
+    from depthlib.interventions.analysis import plan_effects
+    if args.corpus not in ("sotu", "fineweb"):
+        validate.accessible("--corpus", args.corpus)
+    validate.accessible("--model", args.model)
+    validate.int_in_range("--docs", args.docs, 1)
+    cfg = interventions.InterventionConfig(max_length=args.max_length, batch_size=args.batch_size,
+                                           rank_docs=args.rank_docs, device=args.device).validate()
+    folder = results.open_run(interventions.experiment_name(args.model),
+                              interventions.intervention_key(args.model, args.corpus, args.docs, cfg, args.plan)).path
+    args.save_dir, args.saves = folder, f"finished batches are checkpointed in {folder}"
+    run = interventions.run_interventions(args.model, args.corpus, args.docs, cfg, plans=args.plan, progress=True,
+                                          force=args.force)
+    effects = plan_effects(run.table("plans"), run.table("scores")).drop_duplicates("plan")
+    s = run.manifest["summary"]
+    return {"model": args.model, "n_blocks": s["n_blocks"], "documents": s["n_docs"], "tokens": s["n_tokens"],
+            "baseline_loss": _round_or_none(s["baseline_loss"], 4),
+            "plans": [{"plan": r.plan, "family": r.family, "rule": r.rule, "loss": _round_or_none(r.loss, 4),
+                       "delta_loss": _round_or_none(r.delta_loss, 4), "kl": _round_or_none(r.kl, 5),
+                       "top1_agreement": _round_or_none(r.agree, 4)} for r in effects.itertuples()],
+            "units": "loss, delta_loss, kl: nats per predicted token; kl = KL(unedited || edited)",
+            "results": str(run.path)}
+
+
+# ---- lm-depth (issue 13) ---------------------------------------------------------------------------
+def _add_lm_depth(sub) -> None:
+    p = sub.add_parser("lm-depth", help="train a depth series of small LMs here (chapter 6) and fit L = L∞ + c/ℓ^α_ℓ")
+    p.add_argument("--profile", choices=PROFILES, default="smoke",
+                   help="smoke: seconds (numbers meaningless); cpu: 8 depths 1-16 at width 128 (~25 min on 2 idle "
+                        "cores); paper: width 256, depths to 32, 3 seeds (a GPU)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda for paper where present, else cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    _add_force(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=_cmd_lm_depth, saves=None)
+
+
+def _cmd_lm_depth(args) -> dict[str, Any]:
+    import os
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch: spinning OpenMP threads stall a shared box
+    from depthlib import paths, validate
+    from depthlib.lm import chapter, series
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(validate.int_in_range("--threads", args.threads, 1, 1024))
+    device = chapter.default_device(args.profile) if args.device is None else args.device
+    validate.resolve_device(device)
+    cfg = chapter.profile_config(args.profile)
+    folder = series.open_series_run(cfg).path
+    args.save_dir, args.saves = folder, (f"finished models and the current model's last checkpoint (every "
+                                         f"{cfg.train.eval_every} steps) are in {folder}")
+    before = None if args.force else _finished_at(folder)
+    run = chapter.train(cfg, device, force=args.force, progress=True)
+    cached = before is not None and run.manifest.get("created") == before
+    if cached:
+        print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
+    m, s = run.manifest, run.manifest["summary"]
+    d = chapter.describe(run)
+    return {
+        "profile": cfg.profile, "meaningful": args.profile != "smoke", "device": m.get("device"),
+        "arch": d["arch"], "d_model": d["d_model"], "context": d["context"], "vocab_size": d["vocab_size"],
+        "depths": list(cfg.depths), "seeds": list(cfg.seeds), "steps": cfg.train.steps,
+        "tokens_per_model": s["tokens_per_model"], "train_tokens": d["train_tokens"],
+        "held_out_documents": d["held_out_documents"],
+        "val_loss": s["val_loss"],
+        "fit": {"law": "L = L_inf + c_l * depth^-alpha_l", "alpha_l": s["alpha_l"], "L_inf": s["L_inf"], "c_l": s["c_l"],
+                "interval": f"95% percentile, paired bootstrap over held-out documents ({s['bootstrap']['n_resamples']} "
+                            "resamples)",
+                "share_undefined_or_at_bound": s["bootstrap"]["share_undefined_or_at_bound"]},
+        "alpha_theta": s["alpha_theta"], "theta_middle_mean": s["theta_middle_mean"], "theta_dh_mean": s["theta_dh_mean"],
+        "n_params": s["n_params"], "n_non_embedding": s["n_non_embedding"],
+        "throughput": {k: _round_or_none(v, 4) for k, v in m.get("throughput", {}).items()},
+        "wall_time_s": m.get("wall_time_s"), "loaded_from_cache": cached, "run": str(run.path),
+        "models": [str(paths.cache_dir() / f) for f in run.table("models")["folder"]],
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="depthlib", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_fit, _add_book, _add_toy, _add_probe, _add_trace):
+    for add in (_add_fit, _add_book, _add_toy, _add_probe, _add_trace, _add_intervene, _add_lm_depth):
         add(sub)
     return parser
 

@@ -1,0 +1,160 @@
+"""Edited forward passes of real LMs: delete, reorder and parallelise blocks (chapter 5; the book's own experiment).
+
+If the middle blocks are similar, weakly coupled updates whose errors average out (the paper's ensemble reading),
+then (i) deleting k of them costs loss smoothly, roughly as the depth law says; (ii) their order hardly matters;
+(iii) running a group of them in parallel on one input and summing their updates is close to running them in
+sequence. Compositional assembly predicts the opposite on all three. Modules:
+
+- :mod:`~depthlib.interventions.plan`      which block runs on which input (text form, builders, validation)
+- :mod:`~depthlib.interventions.execute`   run a plan on a model's own blocks; score it against the unedited model
+- :mod:`~depthlib.interventions.rankings`  Gromov et al.'s angular distance, ShortGPT's Block Influence
+- :mod:`~depthlib.interventions.suite`     the plans the chapter runs on every model
+- :mod:`~depthlib.interventions.evaluate`  many plans × batches, checkpointed
+- :mod:`~depthlib.interventions.toy`       the same on chapter 3's toy students (the calibration)
+- :mod:`~depthlib.interventions.analysis`  tidy summaries, the deletion-curve fit ΔL(k) = c[(ℓ−k)^−α − ℓ^−α]
+- :mod:`~depthlib.interventions.chapter`   profiles, the runs the chapter shows, replay
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from depthlib import results
+from depthlib.errors import InputError
+from depthlib.interventions.evaluate import batched, score_plans
+from depthlib.interventions.execute import capture_lm
+from depthlib.interventions.plan import identity, parse_plan
+from depthlib.interventions.rankings import BlockSimilarity
+from depthlib.interventions.suite import SuiteConfig, build_plans
+from depthlib.validate import int_in_range, resolve_device
+
+#: The modules whose code computes an intervention run (their fingerprint marks a committed run stale).
+CODE = ("depthlib.interventions", "depthlib.interventions.plan", "depthlib.interventions.execute",
+        "depthlib.interventions.rankings", "depthlib.interventions.suite", "depthlib.interventions.evaluate",
+        "depthlib.interventions.toy", "depthlib.measures", "depthlib.models.arch", "depthlib.models.loading", "depthlib.data")
+TABLES = ("plans", "scores", "distances", "influence", "docs")
+
+
+@dataclass(frozen=True)
+class InterventionConfig:
+    """How to run the plans on a real LM. Defaults are the ``cpu`` profile's (2 cores, fp32)."""
+
+    max_length: int = 128          # tokens per document (longer ones truncated)
+    batch_size: int = 4            # documents per forward; Gemma's 262k-vocab log-probs: 0.5 GB fp32 per 4 × 128 tokens
+    rank_docs: int = 8             # documents the rankings (angular distance, Block Influence) are computed on;
+                                   # the scored documents are the next n_docs, so no rule is chosen on its test text
+    add_special_tokens: bool = True  # Gemma adds <bos>, SmolLM2 nothing (as the probes, §2.1)
+    device: str = "cpu"
+    suite: SuiteConfig = field(default_factory=SuiteConfig)
+
+    def validate(self) -> "InterventionConfig":
+        int_in_range("max_length", self.max_length, 2)
+        int_in_range("batch_size", self.batch_size, 1)
+        int_in_range("rank_docs", self.rank_docs, 1)
+        resolve_device(self.device)
+        self.suite.validate()
+        return self
+
+
+def experiment_name(model: str) -> str:
+    """Results-cache experiment of a model's intervention run, e.g. ``interventions-gemma-3-270m``."""
+    from depthlib.probes import experiment_name as probe_name
+    return "interventions-" + probe_name(model).removeprefix("probes-")
+
+
+def intervention_key(model: str, corpus: str, n_docs: int, config: InterventionConfig,
+                     plans: Sequence[str] | None = None) -> dict:
+    """The results-cache config of a run: its settings, the plans (None: the suite) and what model and corpus are."""
+    from depthlib.probes import corpus_fingerprint, model_fingerprint
+    key = dict(model=model, corpus=corpus, n_docs=int(n_docs), **asdict(config),
+               plans=None if plans is None else list(plans))
+    key.pop("device")      # the device changes speed, not the numbers (fp32 throughout)
+    key["model_fingerprint"] = model_fingerprint(model)
+    key["corpus_fingerprint"] = corpus_fingerprint(corpus)
+    return key
+
+
+def _encode(tok, docs, cfg: InterventionConfig, device):
+    texts = [d.text[: cfg.max_length * 16] for d in docs]    # cheap pre-truncation of long addresses
+    enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=cfg.max_length,
+              add_special_tokens=cfg.add_special_tokens)
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config: InterventionConfig | None = None, *,
+                      plans: Sequence[str] | None = None, profile: str = "custom", progress: bool = True,
+                      force: bool = False) -> results.Run:
+    """Run the chapter's plan suite (or the given plan texts, with the identity added) on ``model``; cached.
+
+    Tables: ``plans`` (one row per plan and rule), ``scores`` (per plan and scored document: loss, KL to the
+    unedited model and top-1 agreement summed over predicted tokens, and their count), ``distances`` and
+    ``influence`` (the rankings, on the ``rank_docs`` documents before the scored ones) and ``docs``.
+    """
+    from depthlib import data
+    from depthlib.models import load_model
+    cfg = (config or InterventionConfig()).validate()
+    int_in_range("n_docs", n_docs, 1)
+    key = intervention_key(model, corpus, n_docs, cfg, plans)
+    run = results.prepare_run(results.open_run(experiment_name(model), key), force=force, tables=TABLES,
+                              checkpoints=("checkpoint.pt",))
+    if run.complete and all(run.has(t) for t in TABLES):
+        print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
+        return run
+    t0 = time.perf_counter()
+    docs = data.corpus(corpus, cfg.rank_docs + n_docs)
+    if len(docs) <= cfg.rank_docs:
+        raise InputError(f"corpus {corpus!r} has {len(docs)} documents: need more than rank_docs={cfg.rank_docs}")
+    rank_docs, eval_docs = docs[:cfg.rank_docs], docs[cfg.rank_docs:]
+    device = resolve_device(cfg.device)
+    m, tok = load_model(model, dtype=torch.float32, device=str(device))
+    tok.padding_side = "right"     # left padding would shift the positions of a padded document
+    from depthlib.models.arch import arch_of
+    arch = arch_of(m)
+    L = arch.n_layers
+    custom = None if plans is None else [parse_plan(p, L) for p in plans]   # bad plans fail before any compute
+    run.path.mkdir(parents=True, exist_ok=True)
+
+    with torch.no_grad():
+        sim = BlockSimilarity(L)
+        for _, chunk in batched(rank_docs, cfg.batch_size):
+            ids, mask = _encode(tok, chunk, cfg, device)
+            sim.update(capture_lm(m, ids, mask, arch).states, mask.bool())
+    distances, influence = sim.distances(), sim.influence()
+    if custom is None:
+        plan_set, meta = build_plans(L, cfg.suite, distances, influence)
+    else:
+        plan_set = {p.text(): p for p in [identity(L), *custom]}
+        meta = pd.DataFrame([dict(family="identity" if p.is_identity else "custom", rule="custom", k=0, start=-1,
+                                  draw=0, rescale=False, plan=t) for t, p in plan_set.items()])
+
+    def capture(chunk):
+        def go():
+            ids, mask = _encode(tok, chunk, cfg, device)
+            return capture_lm(m, ids, mask, arch)
+        return go
+    batches = [(list(range(start, start + len(chunk))), capture(chunk)) for start, chunk in batched(eval_docs, cfg.batch_size)]
+    setup_s = time.perf_counter() - t0
+    scores, seconds = score_plans(plan_set, batches, checkpoint=run.path / "checkpoint.pt", progress=progress,
+                                  desc=f"interventions {model}")
+    doc_table = pd.DataFrame({"doc_index": range(len(eval_docs)), "doc_id": [d.doc_id for d in eval_docs],
+                              "n_predicted": scores[scores["plan"] == identity(L).text()]
+                              .sort_values("doc_index")["n"].to_numpy()})
+    for name, df in (("plans", meta), ("scores", scores), ("distances", distances), ("influence", influence),
+                     ("docs", doc_table)):
+        run.write_table(name, df)
+    from depthlib.interventions.analysis import baseline_loss
+    run.finish(profile=profile, seed=cfg.suite.seed, wall_time_s=setup_s + seconds, device=str(device),
+               code=CODE, model=model, corpus=corpus,
+               summary=dict(n_blocks=L, d_model=arch.d_model, family=arch.name, n_plans=len(plan_set),
+                            n_docs=len(eval_docs), n_tokens=int(doc_table["n_predicted"].sum()),
+                            baseline_loss=baseline_loss(scores, identity(L).text())))
+    (run.path / "checkpoint.pt").unlink(missing_ok=True)
+    return run
+
+
+__all__ = ["CODE", "InterventionConfig", "SuiteConfig", "experiment_name", "intervention_key", "run_interventions"]
