@@ -90,8 +90,12 @@ def tables(runs: dict[str, results.Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd
 
 
 def replay(run: results.Run, n_plans: int = 3) -> pd.DataFrame:
-    """Score the first batch of an LM run again with the current code, for the identity and a few other plans;
-    returns per (plan, document) the committed and recomputed loss and KL (columns ``committed``, ``replayed``)."""
+    """Recompute a cheap prefix of a run with the current code; returns the committed and recomputed numbers
+    (columns ``committed``, ``replayed``). An LM run: its first batch of documents for the identity and a few other
+    plans (loss, and KL except the identity's, which is 0 up to rounding). The toy run: the students' test loss
+    after their first 500 steps."""
+    if run.experiment == TOY_EXPERIMENT:
+        return _replay_toy(run)
     cfg_dict = dict(run.config)
     model, corpus = cfg_dict["model"], cfg_dict["corpus"]
     suite = SuiteConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg_dict["suite"].items()})
@@ -100,10 +104,67 @@ def replay(run: results.Run, n_plans: int = 3) -> pd.DataFrame:
     committed = run.table("scores")
     plans = list(dict.fromkeys(run.table("plans")["plan"]))
     chosen = [plans[0]] + [plans[i] for i in np.linspace(1, len(plans) - 1, n_plans - 1).astype(int)]
-    fresh = run_interventions(model, corpus, cfg.batch_size, dataclasses.replace(cfg, suite=suite), plans=chosen[1:],
-                              progress=False, force=True).table("scores")
+    fresh = run_interventions(model, corpus, cfg.batch_size, cfg, plans=chosen[1:], progress=False,
+                              force=True).table("scores")
     merged = fresh.merge(committed, on=["plan", "doc_index"], suffixes=("_replayed", "_committed"))
-    return pd.DataFrame({"plan": np.repeat(merged["plan"].to_numpy(), 2),
-                         "metric": np.tile(["loss", "kl"], len(merged)),
-                         "committed": merged[["loss_committed", "kl_committed"]].to_numpy().ravel(),
-                         "replayed": merged[["loss_replayed", "kl_replayed"]].to_numpy().ravel()})
+    rows = [dict(plan=r.plan, metric=metric, committed=getattr(r, f"{metric}_committed"),
+                 replayed=getattr(r, f"{metric}_replayed"))
+            for r in merged.itertuples() for metric in ("loss", "kl") if not (metric == "kl" and r.plan == plans[0])]
+    return pd.DataFrame(rows)
+
+
+def _replay_toy(run: results.Run, steps: int = 500) -> pd.DataFrame:
+    from depthlib.interventions.toy import _train
+    cfg_dict = dict(run.config)
+    suite = SuiteConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg_dict.pop("suite").items()})
+    cfg = ToyInterventionConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg_dict.items()}, suite=suite)
+    steps = min(steps, cfg.steps)
+    _, curves, _ = _train(cfg, None, progress=False, stop_at=steps)
+    committed = run.table("training")
+    merged = curves[curves["step"] == steps].merge(committed[committed["step"] == steps], on=["rho", "step"],
+                                                   suffixes=("_replayed", "_committed"))
+    return pd.DataFrame({"rho": merged["rho"], "metric": "test_loss", "committed": merged["test_loss_committed"],
+                         "replayed": merged["test_loss_replayed"]})
+
+
+def settings_table(runs: dict[str, results.Run]) -> pd.DataFrame:
+    """One row per run: what was edited, on how much text, and the unedited loss."""
+    rows = []
+    for name, run in runs.items():
+        s, cfg = run.manifest["summary"], run.config
+        if name == "toy":
+            for st in s["students"]:
+                rows.append({"model": f"toy ρ={st['rho']:g}", "blocks": s["n_blocks"],
+                             "scored": f"{cfg['test_inputs']} inputs in {cfg['docs']} slices",
+                             "training": f"{cfg['variant']}, {cfg['steps']} steps × {cfg['batch']}, T = {cfg['temperature']:g}",
+                             "unedited loss": round(st["test_loss"], 6)})
+        else:
+            rows.append({"model": name, "blocks": s["n_blocks"],
+                         "scored": f"{s['n_docs']} docs × ≤ {cfg['max_length']} tokens ({s['n_tokens']} predicted)",
+                         "training": "pretrained (fp32)", "unedited loss": round(s["baseline_loss"], 4)})
+    return pd.DataFrame(rows).set_index("model")
+
+
+def rule_choices(plans: pd.DataFrame) -> pd.DataFrame:
+    """Which blocks Gromov et al.'s rule and ShortGPT's order delete for each k, per model."""
+    from depthlib.interventions.analysis import n_blocks_of
+    from depthlib.interventions.plan import parse_plan
+    rows = []
+    for model, m in plans.groupby("model", sort=False):
+        L = n_blocks_of(m)
+        for k in sorted(m.loc[m["rule"] == "gromov", "k"].unique()):
+            row = {"model": model, "k": int(k)}
+            for rule in ("gromov", "shortgpt"):
+                text = m.loc[(m["rule"] == rule) & (m["k"] == k) & (~m["rescale"]), "plan"].iloc[0]
+                kept = {s.blocks[0] for s in parse_plan(text, L).steps}
+                row[rule] = " ".join(str(b) for b in range(L) if b not in kept)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fit_table(fits: dict[str, dict]) -> pd.DataFrame:
+    """The ensemble fit of each model's random-middle deletion curve: α, its interval, c, the ks fitted."""
+    return pd.DataFrame([{"model": m, "ℓ": f.get("n_blocks"), "ks": " ".join(f"{k:g}" for k in f["ks"]),
+                          "α": round(f["alpha"], 2), "α 2.5 %": round(f["alpha_lo"], 2), "α 97.5 %": round(f["alpha_hi"], 2),
+                          "c": round(f["c"], 3), "R²": round(f["r2"], 3), "α at search edge": f["at_bound"]}
+                         for m, f in fits.items()]).set_index("model")
