@@ -3,8 +3,8 @@ projected wall time of the chapter's cpu run (numbers, never a pass/fail).
 
     python benchmarks/bench_interventions.py [--models gemma-3-270m smollm2-135m] [--plans 12]
 
-For each model: the unedited capture of one batch (4 addresses × 128 tokens), then ``--plans`` plans of the suite
-spread over its families, each scored with the recorded prefix reused and recomputed from h_0 (ratio = the gain
+For each model: the unedited capture of one batch of the cpu profile (8 addresses × 64 tokens), then ``--plans``
+plans of the suite spread over its families, each scored with the recorded prefix reused and recomputed from h_0 (ratio = the gain
 of reusing it); the scoring (final norm, unembedding, log-softmax, KL) is timed apart from the blocks.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from depthlib import data
-from depthlib.interventions import InterventionConfig, _encode
+from depthlib.interventions import _encode
+from depthlib.interventions.chapter import PROFILES
 from depthlib.interventions.execute import capture_lm, run_plan
 from depthlib.interventions.rankings import BlockSimilarity
 from depthlib.interventions.suite import build_plans
@@ -25,7 +26,8 @@ from depthlib.models.arch import arch_of
 
 
 def bench(model: str, n_plans: int) -> dict:
-    cfg = InterventionConfig()
+    profile = PROFILES["cpu"]
+    cfg = profile.config
     m, tok = load_model(model, dtype=torch.float32)
     tok.padding_side = "right"
     arch = arch_of(m)
@@ -51,7 +53,7 @@ def bench(model: str, n_plans: int) -> dict:
             t3 = time.perf_counter()
             reuse, scratch, score = reuse + t1 - t0, scratch + t2 - t1, score + t3 - t2
     per_plan = (reuse + score) / n_plans
-    n_batches = -(-8 // cfg.batch_size)
+    n_batches = -(-profile.n_docs // cfg.batch_size)
     return dict(model=model, blocks=arch.n_layers, plans_in_suite=len(plans), capture_s=capture_s,
                 blocks_reuse_s=reuse / n_plans, blocks_scratch_s=scratch / n_plans, score_s=score / n_plans,
                 reuse_gain=scratch / reuse, per_plan_s=per_plan,

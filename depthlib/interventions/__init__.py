@@ -42,10 +42,10 @@ TABLES = ("plans", "scores", "distances", "influence", "docs")
 
 @dataclass(frozen=True)
 class InterventionConfig:
-    """How to run the plans on a real LM. Defaults are the ``cpu`` profile's (2 cores, fp32)."""
+    """How to run the plans on a real LM (fp32). Defaults suit a 2-core CPU; the profiles are in chapter.PROFILES."""
 
     max_length: int = 128          # tokens per document (longer ones truncated)
-    batch_size: int = 4            # documents per forward; Gemma's 262k-vocab log-probs: 0.5 GB fp32 per 4 × 128 tokens
+    batch_size: int = 4            # documents per forward; Gemma's 262k-vocab probabilities: 0.5 GB fp32 per 512 tokens
     rank_docs: int = 8             # documents the rankings (angular distance, Block Influence) are computed on;
                                    # the scored documents are the next n_docs, so no rule is chosen on its test text
     add_special_tokens: bool = True  # Gemma adds <bos>, SmolLM2 nothing (as the probes, §2.1)
