@@ -13,6 +13,8 @@ Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 - :mod:`depthlib.probes`   hidden-state probes of real LLMs (paper §2, App. A)                 chapter 2
 - :mod:`depthlib.toy`      teacher-student residual networks (paper §4, App. C)                chapter 3
 - :mod:`depthlib.tracing`  ROME-style causal tracing (paper Fig. 6)                            chapter 4
+- :mod:`depthlib.interventions` delete / reorder / parallel-sum blocks of real LMs and toy students     chapter 5
+- :mod:`depthlib.lm`       a depth series of small LMs trained here: α_ℓ and θ against ℓ (§3)   chapter 6
 - :mod:`depthlib.plots`    plotly figures in one style, one module per chapter
 - :mod:`depthlib.book`     executes the notebooks (papermill) and builds the Jupyter Book
 
