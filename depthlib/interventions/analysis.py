@@ -212,4 +212,23 @@ def findings(effects: pd.DataFrame, fits: dict[str, dict]) -> list[str]:
                 m = par[(par["k"] == g) & (par["rule"] == "mean")]["delta_loss"]
                 parts.append(f"g = {g}: {s.mean():.3g} summed vs {m.mean():.3g} averaged")
             out.append("Parallel groups (mean over positions): " + "; ".join(parts) + ".")
+        r = signature_ratios(e)
+        if r:
+            out.append("Signature ratios (an ensemble predicts all three ≲ 1): "
+                       + "; ".join(f"{k} = {v:.3g}" for k, v in r.items()) + ".")
     return out
+
+
+def signature_ratios(effects: pd.DataFrame) -> dict[str, float]:
+    """Unit-free ratios of one model's loss changes, comparable across LMs and toy students: a random permutation
+    of the middle (median) and one adjacent swap (mean), each over deleting one random middle block; and 4 blocks in
+    parallel with summed updates over the same groups averaged. Small when order does not matter and updates add."""
+    def mean(family, rule, k=None, how="mean"):
+        sel = effects[(effects["family"] == family) & (effects["rule"] == rule) & (~effects["rescale"])]
+        sel = sel if k is None else sel[sel["k"] == k]
+        return float(getattr(sel["delta_loss"], how)()) if len(sel) else np.nan
+    one = mean("delete", "random", 1)
+    out = {"permutation / one deletion": mean("order", "permutation", how="median") / one,
+           "adjacent swap / one deletion": mean("order", "swap") / one,
+           "4 parallel summed / averaged": mean("parallel", "sum", 4) / mean("parallel", "mean", 4)}
+    return {k: v for k, v in out.items() if np.isfinite(v)}
