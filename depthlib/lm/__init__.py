@@ -1,0 +1,28 @@
+"""Chapter 6: a depth series of small language models trained here, differing only in depth (issue 13).
+
+The paper infers α_ℓ for LLMs from Chinchilla's reconstructed losses and its "middle-layer angle ∝ 1/ℓ" from Pythia;
+this package makes the family the paper's Limitations ask for: decoder-only LMs at one width, trained on the same
+tokens in the same order, then measured by the probes of chapter 2.
+
+- :mod:`~depthlib.lm.tokenizer`   byte-level BPE trained on the training documents (``tokenizers``)
+- :mod:`~depthlib.lm.corpus`      held-out split, token windows, the one data order, the probes' pieces
+- :mod:`~depthlib.lm.model`       the family's config (GPT-NeoX; Llama as an option), parameter and FLOP counts
+- :mod:`~depthlib.lm.train`       AdamW with warm-up and cosine decay; seeded, resumable, exact; held-out loss per document
+- :mod:`~depthlib.lm.fit`         L(ℓ) = L∞ + c·ℓ^(−α_ℓ), the middle-angle exponent, bootstrap over held-out documents
+- :mod:`~depthlib.lm.throughput`  the fp32 matmul ceiling and the fraction of it training reaches
+- :mod:`~depthlib.lm.series`      one series: train, save (Hugging Face folders), probe, tidy tables
+- :mod:`~depthlib.lm.chapter`     the chapter's profiles, the run it shows, its replay check
+"""
+from __future__ import annotations
+
+import os
+
+# Before torch loads OpenMP: two threads spin-waiting on a shared 2-core machine make a training step 5-60x slower
+# (measured here: 1.27 s instead of 19 ms for a tiny model while another job ran; toy-performance.md §0).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from depthlib.lm.chapter import PROFILES  # noqa: E402, chapter_run, describe, profile_config, replay
+from depthlib.lm.series import CODE  # noqa: E402, EXPERIMENT, SeriesConfig, run_series
+
+__all__ = ["CODE", "EXPERIMENT", "PROFILES", "SeriesConfig", "chapter_run", "describe", "profile_config", "replay",
+           "run_series"]

@@ -1,0 +1,140 @@
+"""Chapter 6's glue: the profiles of the depth series, the run the chapter shows, and its replay check.
+
+Same names as every chapter (see :mod:`depthlib.toy.chapter`): ``PROFILES`` (smoke | cpu | paper), ``chapter_run``
+(the run found by :func:`depthlib.results.chapter_run`, trained now if there is none) and ``replay`` (retrain a cheap
+prefix of a run with the current code: the shallowest member up to its first evaluation).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from depthlib import results
+from depthlib.errors import InputError
+from depthlib.lm.corpus import CorpusConfig
+from depthlib.lm.model import ModelConfig
+from depthlib.lm.series import CODE, EXPERIMENT, SeriesConfig, open_series_run, prepare_data, run_series, train_unit
+from depthlib.lm.train import TrainConfig
+
+__all__ = ["CODE", "EXPERIMENT", "PROFILES", "chapter_run", "describe", "profile_config", "replay", "train"]
+
+#: smoke: seconds (four tiny models on 24 addresses; numbers meaningless). cpu: sized by benchmarks on this project's
+#: 2-core machine to train in about 20 minutes on idle cores (twice that while another job runs): width 64, context 64,
+#: five depths over four octaves, 1000 steps × 2048 tokens = 2.0 M tokens per model (under one epoch of the training
+#: stream: no window is seen twice). A first attempt at width 128 with 400 steps × 2048 tokens left every depth in the
+#: regime where each extra block only slows training (held-out loss rose monotonically with ℓ), so the width was halved
+#: to afford 2.5× the steps. paper: a GPU; width 256, depths to 32, three seeds, 2000 steps × 4096 tokens ≈ 3.5 epochs.
+PROFILES: dict[str, SeriesConfig] = {
+    "smoke": SeriesConfig(
+        "smoke", depths=(1, 2, 4, 8), vocab_size=512,
+        model=ModelConfig(d_model=32, n_heads=2, context=32),
+        train=TrainConfig(steps=30, batch_size=8, lr=3e-3, warmup=3, eval_every=10),
+        corpus=CorpusConfig(n_docs=24, val_every=6, val_tokens=64, probe_chunks=2, probe_words=20),
+        angle_depths=(4, 8), lens_tokens=8, reservoir=2000, n_bootstrap=100, step_bootstrap=20),
+    "cpu": SeriesConfig("cpu"),
+    "paper": SeriesConfig(
+        "paper", depths=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), seeds=(0, 1, 2), vocab_size=8192,
+        model=ModelConfig(d_model=256, n_heads=8, context=256),
+        train=TrainConfig(steps=2000, batch_size=16, lr=2e-3, warmup=200, eval_every=200, eval_batch_size=64),
+        corpus=CorpusConfig(val_tokens=2048, probe_chunks=8, probe_words=160),
+        angle_depths=(4, 8, 16, 32), probe_batch=32, lens_tokens=64, reservoir=50_000, n_bootstrap=2000),
+}
+
+
+def profile_config(profile: str = "smoke") -> SeriesConfig:
+    results.check_profile(profile)
+    return PROFILES[profile].validate()
+
+
+def default_device(profile: str) -> str:
+    """The paper profile runs on CUDA where there is one; everything else on the CPU."""
+    if profile == "paper":
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu"
+
+
+def train(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, progress: bool = True) -> results.Run:
+    """Train (or resume, or load) a series; temporary files a crash left in its folder are removed first."""
+    run = open_series_run(cfg)
+    results.remove_stray_tmp(run.path)
+    try:
+        return run_series(cfg, device, progress=progress, force=force)
+    finally:
+        results.remove_stray_tmp(run.path)
+
+
+def _expected(profile: str) -> dict | None:
+    return PROFILES[profile].to_dict() if profile in PROFILES else None
+
+
+def chapter_run(profile: str = "smoke", device: str | None = None, *, rerun: bool = False,
+                progress: bool = False) -> results.Run:
+    """The series chapter 6 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`); trained now
+    (cached, resumable) if there is none."""
+    results.check_profile(profile)
+    device = default_device(profile) if device is None else device
+    return results.chapter_run(EXPERIMENT, profile, lambda: train(PROFILES[profile], device, progress=progress),
+                               expected_config=_expected, rerun=rerun)
+
+
+def replay(run: results.Run, n_units: int = 1) -> pd.DataFrame:
+    """Retrain the ``n_units`` shallowest members of the first seed up to their first evaluation with the current code
+    (tokenizer trained again from the corpus); returns their committed and recomputed held-out losses per document
+    (columns ``committed``, ``replayed``)."""
+    cfg = SeriesConfig.from_dict(run.config)
+    first = min(cfg.train.eval_every, cfg.train.steps)
+    tok, data, _, pieces = prepare_data(cfg)
+    committed = run.table("doc_losses")
+    rows = []
+    for depth in sorted(cfg.depths)[:n_units]:
+        seed = int(cfg.seeds[0])
+        short = SeriesConfig.from_dict({**run.config, "angle_depths": []})
+        rec = _first_eval(short, depth, seed, tok, data, pieces, first)
+        mine = committed[(committed["depth"] == depth) & (committed["seed"] == seed) & (committed["step"] == first)]
+        merged = rec.merge(mine[["doc_id", "loss"]], on="doc_id", suffixes=("_replayed", "_committed"))
+        rows.append(pd.DataFrame({"depth": depth, "seed": seed, "step": first, "doc_id": merged["doc_id"],
+                                  "committed": merged["loss_committed"], "replayed": merged["loss_replayed"]}))
+    out = pd.concat(rows, ignore_index=True)
+    if out.empty:
+        raise InputError(f"run {run.experiment}/{run.key} has no held-out losses at step {first} to replay")
+    return out
+
+
+def _first_eval(cfg: SeriesConfig, depth: int, seed: int, tok, data, pieces, step: int) -> pd.DataFrame:
+    """Held-out losses per document of member (depth, seed) after ``step`` steps, trained now on the CPU (the
+    checkpoint written at that evaluation holds them)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "checkpoint.pt"
+        train_unit(cfg, depth, seed, tok, data, pieces, "cpu", checkpoint=ckpt, stop_at_step=step)
+        docs = torch.load(ckpt, weights_only=False)["doc_losses"][-1]
+    return docs[docs["step"] == step][["doc_id", "loss"]]
+
+
+def describe(run: results.Run) -> dict:
+    """Provenance and settings of a run, for the chapter's text."""
+    m = run.manifest
+    c = m.get("config", {})
+    model, tr = c.get("model", {}), c.get("train", {})
+    return {**results.run_info(run), "depths": c.get("depths"), "seeds": c.get("seeds"), "arch": model.get("arch"),
+            "d_model": model.get("d_model"), "n_heads": model.get("n_heads"), "context": model.get("context"),
+            "vocab_size": m.get("vocab_size"), "steps": tr.get("steps"), "batch_size": tr.get("batch_size"),
+            "lr": tr.get("lr"), "tokens_per_model": tr.get("steps", 0) * tr.get("batch_size", 0) * model.get("context", 0),
+            "train_tokens": m.get("train_tokens"), "held_out_documents": len(m.get("held_out_documents", [])),
+            "n_probe_pieces": m.get("n_probe_pieces"), "throughput": m.get("throughput", {})}
+
+
+def chinchilla_alpha() -> dict | None:
+    """Chapter 1's converged α_ℓ of the decomposed law on the Chinchilla points (value and SE), or None when the
+    Chinchilla CSV is not available here (no ``DEPTHLIB_DATA_DIR`` and no network)."""
+    from depthlib import data, scaling
+    try:
+        fitted = scaling.fit_decomposed_law(data.chinchilla(), preset="converged").summary()
+    except InputError:
+        return None
+    se = fitted.get("se", {}).get("alpha_l", np.nan)
+    return {"alpha_l": float(fitted["alpha_l"]), "se": float(se) if se is not None else np.nan}
