@@ -356,7 +356,7 @@ def _cmd_intervene(args) -> dict[str, Any]:
 def _add_lm_depth(sub) -> None:
     p = sub.add_parser("lm-depth", help="train a depth series of small LMs here (chapter 6) and fit L = L∞ + c/ℓ^α_ℓ")
     p.add_argument("--profile", choices=PROFILES, default="smoke",
-                   help="smoke: seconds (numbers meaningless); cpu: 5 depths 1-16 at width 64 (~20 min on 2 idle "
+                   help="smoke: seconds (numbers meaningless); cpu: 5 depths 1-16 at width 64 (25-40 min on 2 "
                         "cores); paper: width 256, depths to 32, 3 seeds (a GPU)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda for paper where present, else cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

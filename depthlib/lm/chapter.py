@@ -19,7 +19,8 @@ from depthlib.lm.train import TrainConfig
 __all__ = ["CODE", "EXPERIMENT", "PROFILES", "chapter_run", "describe", "profile_config", "replay", "train"]
 
 #: smoke: seconds (four tiny models on 24 addresses; numbers meaningless). cpu: sized by benchmarks on this project's
-#: 2-core machine to train in about 20 minutes on idle cores (twice that while another job runs): width 64, context 64,
+#: 2-core machine (benchmarks/bench_lm.py): about 25 minutes of training on idle cores, 38 minutes measured while another
+#: job shared the machine (41 minutes for the whole run, probes and fits included): width 64, context 64,
 #: five depths over four octaves, 1000 steps × 2048 tokens = 2.0 M tokens per model (under one epoch of the training
 #: stream: no window is seen twice). A first attempt at width 128 with 400 steps × 2048 tokens left every depth in the
 #: regime where each extra block only slows training (held-out loss rose monotonically with ℓ), so the width was halved
