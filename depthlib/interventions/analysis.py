@@ -101,36 +101,6 @@ def ensemble_fit(meta: pd.DataFrame, scores: pd.DataFrame, n_blocks: int, *, rul
                 at_bound=bool(alpha >= ALPHA_MAX - 0.01 or alpha <= ALPHA_MIN + 0.01))
 
 
-def key_numbers(effects: pd.DataFrame, ks=(1, 2, 4, 8), groups=(2, 4, 8)) -> dict:
-    """The closing note's numbers for one model: Δloss for deleting k middle blocks (best rule, random mean),
-    the spread over permutations, reversed, adjacent swaps, and the parallel-sum and averaged Δloss per g."""
-    out: dict = {}
-    dele = effects[(effects["family"] == "delete") & (~effects["rescale"])]
-    for k in ks:
-        rules = dele[dele["k"] == k].groupby("rule")["delta_loss"].mean()
-        best = rules.drop(["first", "last", "each"], errors="ignore")
-        if len(best):
-            out[f"delete_{k}"] = {"best_rule": best.idxmin(), "best": float(best.min()),
-                                  "random_mean": float(rules.get("random", np.nan))}
-    order = effects[effects["family"] == "order"]
-    perm = order[order["rule"] == "permutation"]["delta_loss"]
-    if len(perm):
-        out["permutations"] = {"min": float(perm.min()), "median": float(perm.median()), "max": float(perm.max()),
-                               "n": int(len(perm))}
-    for rule in ("reverse", "swap"):
-        v = order[order["rule"] == rule]["delta_loss"]
-        if len(v):
-            out[rule] = {"mean": float(v.mean()), "max": float(v.max()), "n": int(len(v))}
-    par = effects[effects["family"] == "parallel"]
-    for g in groups:
-        for rule in ("sum", "mean"):
-            v = par[(par["k"] == g) & (par["rule"] == rule)]["delta_loss"]
-            if len(v):
-                out[f"parallel_{rule}_{g}"] = {"mean": float(v.mean()), "min": float(v.min()), "max": float(v.max()),
-                                               "positions": int(len(v))}
-    return out
-
-
 def n_blocks_of(meta: pd.DataFrame) -> int:
     """ℓ of the model a plan table belongs to (its identity plan runs every block once)."""
     from depthlib.interventions.plan import parse_plan

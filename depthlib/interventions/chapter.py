@@ -98,11 +98,8 @@ def replay(run: results.Run, n_plans: int = 3) -> pd.DataFrame:
     after their first 500 steps."""
     if run.experiment == TOY_EXPERIMENT:
         return _replay_toy(run)
-    cfg_dict = dict(run.config)
-    model, corpus = cfg_dict["model"], cfg_dict["corpus"]
-    suite = SuiteConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg_dict["suite"].items()})
-    fields = {f.name for f in dataclasses.fields(InterventionConfig)} - {"suite", "device"}
-    cfg = InterventionConfig(**{k: cfg_dict[k] for k in fields}, suite=suite)
+    model, corpus = run.config["model"], run.config["corpus"]
+    cfg = _config_from(run.config, InterventionConfig)
     committed = run.table("scores")
     plans = list(dict.fromkeys(run.table("plans")["plan"]))
     chosen = [plans[0]] + [plans[i] for i in np.linspace(1, len(plans) - 1, n_plans - 1).astype(int)]
@@ -115,11 +112,18 @@ def replay(run: results.Run, n_plans: int = 3) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _config_from(stored: dict, cls):
+    """A config dataclass (with its ``suite``) back from a run's JSON config: lists become tuples again, and keys
+    that are not fields of ``cls`` (the model and corpus fingerprints, the device) are left out."""
+    def plain(d: dict, c) -> dict:
+        names = {f.name for f in dataclasses.fields(c)}
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names}
+    return cls(**{**plain(stored, cls), "suite": SuiteConfig(**plain(stored["suite"], SuiteConfig))})
+
+
 def _replay_toy(run: results.Run, steps: int = 500) -> pd.DataFrame:
     from depthlib.interventions.toy import _train
-    cfg_dict = dict(run.config)
-    suite = SuiteConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg_dict.pop("suite").items()})
-    cfg = ToyInterventionConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg_dict.items()}, suite=suite)
+    cfg = _config_from(run.config, ToyInterventionConfig)
     steps = min(steps, cfg.steps)
     _, curves, _ = _train(cfg, None, progress=False, stop_at=steps)
     committed = run.table("training")
