@@ -144,6 +144,9 @@ def _add_toy(sub) -> None:
     p.add_argument("--variant", default=None,
                    help="training variant: exp-9 (KL, constant lr), exp-9-decay, exp-9-3 (fixed head), "
                         "exp-9-2 (MSE), exp-9-4 (RK2 students)")
+    p.add_argument("--calibration", choices=("tied", "independent"), default=None,
+                   help="train the profile's calibration run of this teacher (chapter 3, Fig. 4a,b: exp-9-3 at "
+                        "T = 1, the paper's unnormalised teacher) instead of its phase-diagram sweep")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (changes the numbers)")
@@ -162,13 +165,24 @@ def _cmd_toy(args) -> dict[str, Any]:
         import torch
         torch.set_num_threads(validate.int_in_range("--threads", args.threads, 1, 1024))
     validate.resolve_device(args.device)
-    cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature, depths=args.depths,
-                               steps=args.steps, replicates=args.replicates,
-                               **({"variant": args.variant} if args.variant else {}))
-    folder = sweep.open_sweep_run(cfg, args.tf32).path
+    experiment = sweep.EXPERIMENT
+    if args.calibration is not None:
+        changed = [f"--{k}" for k in ("rho", "temperature", "depths", "steps", "replicates", "variant")
+                   if getattr(args, k) is not None]
+        if changed:
+            raise InputError(f"--calibration runs a profile's fixed settings; drop {', '.join(changed)}")
+        kinds = {kind: rho for rho, kind in chapter.CALIBRATION_KINDS.items()}
+        cfg = next(c for c in chapter.CALIBRATION[args.profile] if c.cells[0][0] == kinds[args.calibration])
+        experiment = chapter.CALIBRATION_EXPERIMENT
+    else:
+        cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature,
+                                     depths=args.depths, steps=args.steps, replicates=args.replicates,
+                                     **({"variant": args.variant} if args.variant else {}))
+    folder = sweep.open_sweep_run(cfg, args.tf32, experiment=experiment).path
     args.save_dir, args.saves = folder, f"the sweep's last checkpoint (every evaluation on the CPU) is in {folder}"
     before = None if args.force else _finished_at(folder)
-    run = chapter.train(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32)
+    run = chapter.train(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32,
+                        experiment=experiment)
     cached = before is not None and run.manifest.get("created") == before     # not recomputed (e.g. as corrupt)
     if cached:
         print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)

@@ -223,3 +223,104 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
+
+
+# ---- issue 11: the hand-written backward, normalised teachers, honest intervals, long-lag signature ------
+@pytest.mark.parametrize("name", ["exp-9", "exp-9-3", "exp-9-2", "exp-9-4"])
+def test_backward_equals_float64_autograd(name, monkeypatch):
+    """The engine's hand-written gradients (every weight, bias and head of mixed-depth students, random non-zero
+    weights) equal float64 autograd through the plain nn.Module model to fp32 accuracy. Adam ignores a constant
+    factor on a gradient, so the loss-trajectory tests cannot see one; this test can."""
+    train = variant(name)
+    teachers = [make_teacher(0.5, 4, SHAPE)]
+    specs = [StudentSpec(0, T, d, derive_seed(3, d, T)) for d in (1, 3) for T in (1.0, 0.2)]
+    eng = BatchedStudents(teachers, specs, train, 10, data_seeds=[5], batch=40, chunk=3, shape=SHAPE)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():                                   # random non-zero weights everywhere, W_down included
+        eng.P.copy_(torch.randn(eng.P.shape, generator=g) * 0.2)
+    x = torch.randn((1, 40, SHAPE.d_model), generator=g)
+    monkeypatch.setattr(eng, "_adam", lambda: None)         # keep the gradients, skip the update
+    eng.step(x)
+    head = "none" if train.head == "none" else train.head
+    teacher = ResidualNet.from_weights(teachers[0], SHAPE, "euler", "fixed" if head == "fixed" else "trained").double()
+    for k, s in enumerate(specs):
+        w = eng.export_student(k)
+        net = ResidualNet.from_weights(w, SHAPE, train.block, head).double()
+        if train.loss == "mse":
+            target = teacher.hidden(x[0].double())
+            loss = torch.nn.functional.mse_loss(net.hidden(x[0].double()), target)
+        else:
+            logits_t = teacher.head(teacher.hidden(x[0].double())) if head == "trained" else \
+                teacher.logits(x[0].double(), s.temperature)
+            if head == "trained":
+                logits_t = logits_t / s.temperature
+            target = torch.log_softmax(logits_t, -1)
+            logq = torch.log_softmax(net.logits(x[0].double(), s.temperature), -1)
+            loss = torch.nn.functional.kl_div(logq, target, reduction="batchmean", log_target=True)
+        grads = torch.autograd.grad(loss, [p for p in net.parameters()])
+        named = dict(zip([n for n, _ in net.named_parameters()], grads))
+        pos = eng.inverse[k]
+        for j, mlp in enumerate(net.mlps):
+            for got, want in ((eng.gWu[j][pos].T, named[f"mlps.{j}.up.weight"]),
+                              (eng.gb[j][pos, 0], named[f"mlps.{j}.up.bias"]),
+                              (eng.gWd[j][pos].T, named[f"mlps.{j}.down.weight"])):
+                torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+        if head == "trained":
+            want = named["head.weight"]
+            torch.testing.assert_close(eng.ghead[pos].T.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_normalised_teachers_share_the_independent_displacement():
+    """Displacement normalisation (issue 11): every ρ > 0 teacher is shrunk to the ρ = 0 teacher's mean ‖h_ℓ* − h_0‖;
+    ρ = 0 is untouched, and without ``normalise`` the paper's teachers are bit for bit unchanged."""
+    from depthlib.toy.models import displacement, displacement_inputs
+    x = displacement_inputs(SHAPE)
+    ref = displacement(make_teacher(0.0, 2, SHAPE), x)
+    raw = [displacement(make_teacher(rho, 2, SHAPE), x) for rho in (0.5, 1.0)]
+    assert raw[0] > 1.2 * ref and raw[1] > 1.5 * raw[0]                   # correlated layers go further
+    for rho in (0.5, 1.0):
+        t = make_teacher(rho, 2, SHAPE, normalise=True)
+        assert 0 < t.scale < 1
+        assert abs(displacement(t, x) / ref - 1) < 1e-6
+        assert torch.equal(t.W_up, make_teacher(rho, 2, SHAPE).W_up)
+    assert make_teacher(0.0, 2, SHAPE, normalise=True).scale == 1.0
+    with pytest.raises(InputError, match="teacher_norm"):
+        chapter.profile_config("smoke", teacher_norm="bogus")
+
+
+def test_one_replicate_interval_uses_t_with_n_minus_2_df():
+    """With one replicate the interval is the fit's t-interval on n_depths − 2 df (4 depths: t = 4.30, not 1.96)."""
+    from scipy import stats
+    rng = np.random.default_rng(1)
+    depths = np.array([6, 12, 24, 48])
+    df = pd.DataFrame({"rho": 1.0, "temperature": 1.0, "replicate": 0, "step": 10, "depth": depths,
+                       "test_loss": depths ** -2.0 * np.exp(rng.normal(0, 0.1, 4))})
+    per = analysis.alpha_per_replicate(df)
+    out = analysis.summarize_alpha(per).iloc[0]
+    half = (out["hi"] - out["lo"]) / 2
+    assert half == pytest.approx(stats.t.ppf(0.975, 2) * per["alpha_se"].iloc[0])
+    assert "2 df" in out["interval"]
+
+
+def test_lag_cosines_tell_a_shared_drift_from_an_ensemble():
+    """cos(Δh_l, Δh_{l+k}): ≈ 0 at every lag for independent random updates, ≈ the drift's share for a random walk
+    with a constant drift, although its neighbouring update angle is large in both cases."""
+    g = torch.Generator().manual_seed(0)
+    L, B, d = 40, 256, 64
+    noise = torch.randn((L, B, d), generator=g)
+    drift = torch.randn((1, B, d), generator=g)
+    for updates, expect in ((noise, 0.0), (noise + drift, 0.5)):
+        states = torch.cat([torch.zeros(1, B, d), updates.cumsum(0)])
+        lag = analysis.lag_cosines(states)
+        assert list(lag["lag"]) == list(range(1, L - 2))                   # middle blocks 1..L−2
+        assert abs(lag["cos"].mean() - expect) < 0.05
+    # θ(Δh) of the drifting walk is still far from 0 (≈ 60°): the neighbour rule alone would call it an ensemble
+    sig = analysis.signatures(states).assign(net="x", depth=L)
+    assert analysis.signature_summary(sig)["theta_update"].iloc[0] > 0.9
+
+
+def test_update_angle_averages_over_the_same_middle_blocks():
+    """θ(Δh_l, Δh_{l+1}) is averaged over pairs of middle blocks only (not the pair with the last block)."""
+    sig = pd.DataFrame({"net": "x", "depth": 6, "layer": range(6), "theta_step": 1.0, "step_norm": 1.0,
+                        "rel_step": 1.0, "theta_update": [9.0, 1.0, 1.0, 1.0, 9.0, np.nan]})
+    assert analysis.signature_summary(sig)["theta_update"].iloc[0] == 1.0

@@ -6,6 +6,10 @@
 * :func:`step_angle_profiles`   θ(h_l, h_{l+1}) against relative depth l/ℓ, a slider over (ρ, T)
 * :func:`middle_step_vs_depth`  mean middle-layer step angle against depth, with a 1/ℓ guide
 * :func:`update_angles`         mean θ(Δh_l, Δh_{l+1}) of students and teachers against ρ, π/2 and 0 marked
+* :func:`long_lag`              mean long-lag cos(Δh_l, Δh_{l+k}) of students and teachers against ρ
+* :func:`lag_profiles`          cos(Δh_l, Δh_{l+k}) against lag k/ℓ for the teachers and the deepest students
+* :func:`calibration_alpha`     the calibration runs' α_ℓ against step (Fig. 4a,b), lr decay marked
+* :func:`calibration_losses`    the calibration runs' final test loss against depth, with their fits
 """
 from __future__ import annotations
 
@@ -173,4 +177,80 @@ def update_angles(summary: pd.DataFrame):
     fig.add_hline(y=0, line=dict(color="#999", dash="dot"), annotation_text="0: smooth, procedural",
                   annotation_position="top left")
     fig.update_yaxes(range=[-0.1, 1.8])
+    return fig
+
+
+def long_lag(summary: pd.DataFrame):
+    """Mean long-lag cos(Δh_l, Δh_{l+k}), k ≥ ℓ/4, against ρ: students (per depth) and the teachers."""
+    fig = plots.new_figure("Do distant updates share a direction?", "teacher layer correlation ρ",
+                           "mean cos(Δh_l, Δh_l+k), k ≥ ℓ/4 (middle blocks)")
+    stu = summary[summary["net"] == "student"]
+    for i, (d, g) in enumerate(stu.groupby("depth")):
+        g = g.groupby("rho", as_index=False)["long_lag_cos"].mean()
+        fig.add_trace(go.Scatter(x=g["rho"], y=g["long_lag_cos"], mode="lines+markers",
+                                 line=dict(color=plots.color(i)), name=f"student ℓ = {d:g} (mean over T)"))
+    tea = summary[summary["net"] == "teacher"].groupby("rho", as_index=False)["long_lag_cos"].mean()
+    fig.add_trace(go.Scatter(x=tea["rho"], y=tea["long_lag_cos"], mode="markers", name="teacher (ℓ* blocks)",
+                             marker=dict(symbol="x", size=12, color="#000")))
+    fig.add_hline(y=0, line=dict(color="#999", dash="dot"), annotation_text="0: no shared direction (ensemble)",
+                  annotation_position="top left")
+    fig.update_yaxes(range=[-0.15, 1.05])
+    return fig
+
+
+def lag_profiles(lag: pd.DataFrame, temperature: float | None = None):
+    """cos(Δh_l, Δh_{l+k}) against relative lag k/ℓ: the teachers (solid) and the deepest students at one
+    temperature (dashed, default the highest), one colour per ρ."""
+    temperature = lag["temperature"].max() if temperature is None else temperature
+    fig = plots.new_figure("Update correlation against lag", "lag k / ℓ (fraction of the network's blocks)",
+                           "mean cos(Δh_l, Δh_l+k)")
+    stu = lag[(lag["net"] == "student") & np.isclose(lag["temperature"], temperature)]
+    deepest = stu["depth"].max()
+    for i, rho in enumerate(sorted(lag["rho"].unique())):
+        for net, g, dash in (("teacher", lag[lag["net"] == "teacher"], "solid"),
+                             (f"student ℓ = {deepest:g}, T = {temperature:.3g}", stu[stu["depth"] == deepest], "dash")):
+            g = g[g["rho"] == rho].sort_values("lag")
+            if g.empty:
+                continue
+            fig.add_trace(go.Scatter(x=g["lag"] / g["depth"], y=g["cos"], mode="lines",
+                                     line=dict(color=plots.color(i), dash=dash), name=f"ρ = {rho:g}: {net}"))
+    fig.add_hline(y=0, line=dict(color="#999", dash="dot"))
+    return fig
+
+
+def calibration_alpha(alpha_steps: pd.DataFrame, steps: int):
+    """α_ℓ against training step for the calibration runs (one line and t-band per teacher); the start of the
+    final lr decay (80 % of ``steps``) is marked."""
+    fig = plots.new_figure("α_ℓ during training: tied against independent teacher", "training step",
+                           "depth exponent α_ℓ")
+    for i, (kind, g) in enumerate(sorted(alpha_steps.groupby("teacher"), key=lambda kv: kv[0] != "tied")):
+        g = g.sort_values("step")
+        c = plots.color(i)
+        fig.add_trace(go.Scatter(x=np.r_[g["step"], g["step"][::-1]], y=np.r_[g["hi"], g["lo"][::-1]],
+                                 fill="toself", fillcolor=c, opacity=0.15, line=dict(width=0), hoverinfo="skip",
+                                 showlegend=False))
+        fig.add_trace(go.Scatter(x=g["step"], y=g["alpha"], mode="lines+markers", line=dict(color=c),
+                                 name=f"{kind} (ρ = {g['rho'].iloc[0]:g})"))
+    for y, label in ((1.0, "1: ensemble averaging"), (3.0, "3: procedural, converged")):
+        fig.add_hline(y=y, line=dict(color="#999", dash="dot"), annotation_text=label, annotation_position="top left")
+    fig.add_vline(x=0.8 * steps, line=dict(color="#bbb", dash="dash"), annotation_text="lr decay starts",
+                  annotation_position="top right")
+    return fig
+
+
+def calibration_losses(curves: pd.DataFrame):
+    """Final test loss against depth (log–log) for each calibration teacher, with its fitted c·ℓ^(−α_ℓ)."""
+    last = curves[curves["step"] == curves.groupby("teacher")["step"].transform("max")]
+    depths = sorted(last["depth"].unique())
+    fig = plots.new_figure("Final test loss against depth", "student depth ℓ (blocks)",
+                           "test loss (KL from the teacher, nats)", log_x=True, log_y=True)
+    for i, (kind, g) in enumerate(sorted(last.groupby("teacher"), key=lambda kv: kv[0] != "tied")):
+        mean = g.groupby("depth")["test_loss"].mean()
+        fit = analysis.fit_power_law(mean.index, mean.values)
+        fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="markers", marker=dict(color=plots.color(i), size=10),
+                                 name=f"{kind} (ρ = {g['rho'].iloc[0]:g})"))
+        x, y = plots.power_law_line(np.array(depths, float), fit["c"], fit["alpha"])
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color=plots.color(i), dash="dash"),
+                                 name=f"fit: α_ℓ = {fit['alpha']:.2f}"))
+    fig.update_xaxes(**plots.log_ticks(depths))
     return fig

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
 
 from depthlib import results
@@ -23,21 +24,45 @@ from depthlib.toy.sweep import (
     run_sweep,
 )
 
-#: smoke: seconds, proves the code path (numbers meaningless). cpu: the reduced sweep sized for `make book`'s
-#: 20-minute budget on 2 idle cores (8.6 GFLOP/step × 10k steps at ≈ 100 GFLOP/s; several times longer on a busy
-#: machine): 3 ρ × 2 T, 4 depths over 3 octaves, batch 256, final lr decay (toy-performance.md §4: the decay is
-#: the single most important change at a small budget). paper: exp-9 + exp-9-1 (ρ ∈ {0, 1},
-#: 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ grid at three temperatures.
+#: The phase diagram. smoke: seconds, proves the code path (numbers meaningless). cpu: teachers of five ρ, all
+#: normalised to the ρ = 0 teacher's displacement (so ρ changes how smooth the teacher is, not how far it goes),
+#: × 3 temperatures, 3 depths over two octaves, batch 256, final lr decay (toy-performance.md §4): 10.6 GFLOP
+#: per step × 6k steps. paper: exp-9 + exp-9-1 (ρ ∈ {0, 1}, 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ
+#: grid at three temperatures.
 PROFILES: dict[str, SweepConfig] = {
     "smoke": SweepConfig("smoke", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(2, 4, 8),
                          replicates=1, steps=60, batch=64, eval_every=20, eval_batches=2, eval_batch_size=256,
-                         teacher_depth=16, signature_inputs=128),
-    "cpu": SweepConfig("cpu", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(6, 12, 24, 48),
-                       replicates=1, steps=10_000, batch=256, eval_every=1_000),
+                         teacher_depth=16, signature_inputs=128, teacher_norm="displacement"),
+    "cpu": SweepConfig("cpu", variant="exp-9-decay",
+                       cells=grid((0.0, 0.25, 0.5, 0.75, 1.0), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),
+                       depths=(6, 12, 24), replicates=1, steps=6_000, batch=256, eval_every=500,
+                       teacher_norm="displacement"),
     "paper": SweepConfig("paper", variant="exp-9",
                          cells=grid((0.0, 1.0), PAPER_TEMPERATURES)
                          + grid((0.25, 0.5, 0.75, 0.9), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),  # 0.01, 0.117, 1
                          replicates=3, steps=40_000, batch=1024, eval_every=500),
+}
+
+#: The calibration (paper §4, Fig. 4a,b): the two edge cells at T = 1, the paper's unnormalised teachers, one run
+#: each (so they train side by side as two 1-thread processes). Both in the exp-9-3 form (the student is given
+#: the teacher's fixed head; lr 2.4e-3/√ℓ, final 20 % linear decay to 10 %), so only the teacher differs.
+#: cpu: 4 depths over three octaves, batch 1024, 24k steps (6.65 GFLOP per step and run). paper: 80k steps, the
+#: paper's six depths, 3 replicates (common random numbers: one teacher per replicate).
+CALIBRATION_EXPERIMENT = "toy-calibration"
+CALIBRATION_KINDS = {1.0: "tied", 0.0: "independent"}
+
+
+def _calibration(profile: str, **settings) -> tuple[SweepConfig, ...]:
+    return tuple(SweepConfig(profile, variant="exp-9-3", cells=grid((rho,), (1.0,)), **settings)
+                 for rho in CALIBRATION_KINDS)
+
+
+CALIBRATION: dict[str, tuple[SweepConfig, ...]] = {
+    "smoke": _calibration("smoke", depths=(2, 4, 8), replicates=1, steps=80, batch=64, eval_every=20,
+                          eval_batches=2, eval_batch_size=256, teacher_depth=16, signature_inputs=128),
+    "cpu": _calibration("cpu", depths=(6, 12, 24, 48), replicates=1, steps=24_000, batch=1024, eval_every=500),
+    "paper": _calibration("paper", depths=(6, 12, 16, 24, 32, 48), replicates=3, steps=80_000, batch=1024,
+                          eval_every=500),
 }
 
 
@@ -65,17 +90,17 @@ def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, dept
 
 
 def train(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
-          allow_tf32: bool = False, root=None) -> results.Run:
+          allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT) -> results.Run:
     """Train (or resume, or load) a sweep, checking its run folder first (:func:`depthlib.results.prepare_run`):
     a partial run with an unreadable curve table or ``checkpoint.pt`` (or a finished run whose manifest or tables
     do not read or fail their checksums) is reported in one stderr line naming its folder, deleted and restarted,
     instead of failing after all the remaining training; ``force`` deletes the run first. Temporary files a crash
     left in the folder (e.g. a checkpoint cut short by a full disk) are removed."""
-    run = open_sweep_run(cfg, allow_tf32, root)
+    run = open_sweep_run(cfg, allow_tf32, root, experiment)
     results.remove_stray_tmp(run.path)
     results.prepare_run(run, force=force, checkpoints=("checkpoint.pt",))
     try:
-        return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root)
+        return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root, experiment=experiment)
     finally:
         results.remove_stray_tmp(run.path)
 
@@ -93,11 +118,82 @@ def chapter_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = Fa
                                expected_config=_expected, rerun=rerun)
 
 
+def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,
+                     progress: bool = False) -> dict[str, results.Run]:
+    """The calibration runs chapter 3 shows for ``profile``, by kind (``tied``, ``independent``): the same rule
+    as every chapter (:func:`depthlib.results.select_run`, matched on each run's own config); a missing one is
+    trained now."""
+    results.check_profile(profile)
+    out = {}
+    for i, cfg in enumerate(CALIBRATION[profile]):
+        def expected(prof, i=i):
+            return CALIBRATION[prof][i].to_dict() if prof in CALIBRATION else None
+        kind = CALIBRATION_KINDS[cfg.cells[0][0]]
+        out[kind] = results.chapter_run(CALIBRATION_EXPERIMENT, profile,
+                                        lambda cfg=cfg: train(cfg, device, progress=progress,
+                                                              experiment=CALIBRATION_EXPERIMENT),
+                                        expected_config=expected, rerun=rerun)
+    return out
+
+
+def calibration_tables(runs: dict[str, results.Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The calibration runs' curves and α_ℓ-per-step tables, stacked, with a ``teacher`` column (tied | independent)."""
+    curves = pd.concat([r.table("curves").assign(teacher=k) for k, r in runs.items()], ignore_index=True)
+    steps = pd.concat([r.table("alpha_steps").assign(teacher=k) for k, r in runs.items()], ignore_index=True)
+    return curves, steps
+
+
+def calibration_summary(runs: dict[str, results.Run]) -> pd.DataFrame:
+    """One row per calibration run: its final α_ℓ with interval, how fast α_ℓ still moved (per 1,000 steps, a
+    least-squares slope) over the last 20 % of training (the lr decay) and the 20 % before, the final test
+    loss of every depth and the local slopes −Δlog L/Δlog ℓ between neighbouring depths."""
+    rows = []
+    for kind, run in runs.items():
+        cfg = config_of(run)
+        steps = run.table("alpha_steps").sort_values("step")
+        curves = run.table("curves")
+        last = curves[curves["step"] == curves["step"].max()].groupby("depth")["test_loss"].mean().sort_index()
+        final = steps.iloc[-1]
+        row = {"teacher": kind, "rho": cfg.cells[0][0], "temperature": cfg.cells[0][1], "variant": cfg.variant,
+               "steps": cfg.steps, "batch": cfg.batch, "alpha": final["alpha"], "lo": final["lo"], "hi": final["hi"],
+               "interval": final["interval"]}
+        for name, (a, b) in {"decay": (0.8, 1.0), "before_decay": (0.6, 0.8)}.items():
+            win = steps[(steps["step"] > a * cfg.steps) & (steps["step"] <= b * cfg.steps)]
+            rate = np.polyfit(win["step"] / 1000, win["alpha"], 1)[0] if len(win) >= 2 else np.nan
+            row[f"alpha_per_1k_steps_{name}"] = float(rate)
+        for d, loss in last.items():
+            row[f"loss_depth_{int(d)}"] = float(loss)
+        depths = last.index.to_numpy(float)
+        for (d0, d1), (l0, l1) in zip(zip(depths[:-1], depths[1:]), zip(last.values[:-1], last.values[1:])):
+            row[f"slope_{int(d0)}_{int(d1)}"] = float(-np.log(l1 / l0) / np.log(d1 / d0))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def calibration_findings(summary: pd.DataFrame) -> list[str]:
+    """The chapter's sentences about the calibration, generated from :func:`calibration_summary`: no number in
+    them is typed by hand."""
+    lines = []
+    for r in summary.itertuples():
+        slopes = [c for c in summary.columns if c.startswith("slope_")]
+        local = ", ".join(f"{c[6:].replace('_', '→')}: {getattr(r, c):.2f}" for c in slopes)
+        rate = r.alpha_per_1k_steps_decay
+        lines.append(f"{r.teacher} teacher (ρ = {r.rho:g}, T = {r.temperature:g}, {r.variant}, {r.steps:,} steps × "
+                     f"{r.batch}): α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] ({r.interval}); local slopes {local}; "
+                     f"α_ℓ moved {rate:+.3f} per 1,000 steps during the final decay and "
+                     f"{r.alpha_per_1k_steps_before_decay:+.3f} in the 20 % before it.")
+    if {"tied", "independent"} <= set(summary["teacher"]):
+        t, i = (summary[summary["teacher"] == k].iloc[0] for k in ("tied", "independent"))
+        apart = t["lo"] > i["hi"]
+        lines.append(f"Tied minus independent: Δα_ℓ = {t['alpha'] - i['alpha']:+.2f}; the 95 % intervals "
+                     + ("do not overlap." if apart else "overlap."))
+    return lines
+
+
 def replay(run: results.Run, n_students: int = 1) -> pd.DataFrame:
     """Retrain the ``n_students`` shallowest students of the first cell up to the run's first evaluation with the
     current code; returns their committed and recomputed test losses (columns ``committed``, ``replayed``)."""
-    cfg = SweepConfig(**{**run.config, "cells": tuple(tuple(c) for c in run.config["cells"]),
-                         "depths": tuple(run.config["depths"])})
+    cfg = config_of(run)
     first_cell, depths = cfg.cells[0], sorted(cfg.depths)[:n_students]
     def keep(row):
         return ((row["rho"], row["temperature"]) == first_cell and row["replicate"] == 0
@@ -110,6 +206,12 @@ def replay(run: results.Run, n_students: int = 1) -> pd.DataFrame:
     curves = run.table("curves").rename(columns={"test_loss": "committed"})
     return replayed.merge(curves[["rho", "temperature", "replicate", "depth", "step", "committed"]],
                           on=["rho", "temperature", "replicate", "depth", "step"], how="left")
+
+
+def config_of(run: results.Run) -> SweepConfig:
+    """The :class:`SweepConfig` a run was trained with."""
+    return SweepConfig(**{**run.config, "cells": tuple(tuple(c) for c in run.config["cells"]),
+                          "depths": tuple(run.config["depths"])})
 
 
 def describe(run: results.Run) -> dict:

@@ -18,6 +18,10 @@ paper's independent teacher (exp-9) and ρ = 1 exactly the tied teacher (exp-9-1
 tensors). The raw draws W_shared and W_l^indep depend only on the teacher seed, so teachers of one replicate at
 different ρ are one continuous family (common random numbers across the phase diagram).
 
+Correlated layers add up coherently, so the total displacement ‖h_ℓ* − h_0‖ grows about tenfold from ρ = 0 to
+ρ = 1 and a ρ sweep mixes "how smooth" with "how far". ``normalise=True`` rescales W_down of a teacher so its
+mean displacement equals that of the ρ = 0 teacher of the same seed (issue 11; an extension, not the paper's).
+
 This file holds the *definitions*: weight containers, initialisation, the training variants, and plain
 ``nn.Module`` versions used as the one-student-at-a-time reference (tests, benchmark). The fast batched
 trainer is :mod:`depthlib.toy.engine`.
@@ -133,6 +137,7 @@ class TeacherWeights:
     head: torch.Tensor
     fixed_head: torch.Tensor
     seed: int = 0
+    scale: float = 1.0        # factor applied to W_down by displacement normalisation (1: the paper's teacher)
 
     @property
     def depth(self) -> int:
@@ -143,12 +148,13 @@ class TeacherWeights:
                                                                             "fixed_head")})
 
 
-def make_teacher(rho: float, seed: int, shape: ToyShape = ToyShape()) -> TeacherWeights:
+def make_teacher(rho: float, seed: int, shape: ToyShape = ToyShape(), *, normalise: bool = False) -> TeacherWeights:
     """The teacher with layer correlation ``rho`` (spec §4.2 + the ρ interpolation).
 
     The raw draws (shared and per-layer) depend only on ``seed``; ``rho`` only mixes them. At ρ = 0 the
     mix is exactly the independent draws, at ρ = 1 exactly the shared draw in every layer. W_down is then
-    scaled by 1/√ℓ* (both teachers in the paper).
+    scaled by 1/√ℓ* (both teachers in the paper). With ``normalise`` it is scaled further so the teacher's
+    mean displacement ‖h_ℓ* − h_0‖ equals the ρ = 0 teacher's (:func:`normalise_displacement`).
     """
     rho = float(rho)
     if not 0.0 <= rho <= 1.0 or math.isnan(rho):
@@ -173,7 +179,43 @@ def make_teacher(rho: float, seed: int, shape: ToyShape = ToyShape()) -> Teacher
         return a * shared + b * indep
 
     W_down = mix(shared_down, indep_down) / math.sqrt(L)
-    return TeacherWeights(rho, mix(shared_up, indep_up), mix(shared_b, indep_b), W_down, head, fixed_head, seed)
+    teacher = TeacherWeights(rho, mix(shared_up, indep_up), mix(shared_b, indep_b), W_down, head, fixed_head, seed)
+    if normalise and rho > 0.0:
+        target = displacement(make_teacher(0.0, seed, shape), displacement_inputs(shape))
+        teacher = normalise_displacement(teacher, target, shape)
+    return teacher
+
+
+def displacement_inputs(shape: ToyShape = ToyShape(), n: int = 1024) -> torch.Tensor:
+    """The fixed Gaussian inputs (n, d) on which teacher displacements are measured and matched."""
+    return torch.randn((n, shape.d_model), generator=_generator(derive_seed(0, "displacement")))
+
+
+def displacement(t: TeacherWeights, x: torch.Tensor, scale: float = 1.0) -> float:
+    """Mean over inputs x (n, d) of ‖h_ℓ* − h_0‖, in float64, with W_down multiplied by ``scale``."""
+    h0 = F.rms_norm(x.double(), (x.shape[-1],))
+    h = h0
+    for l in range(t.depth):
+        z = F.relu(F.rms_norm(h, (h.shape[-1],)) @ t.W_up[l].double().T + t.b_up[l].double())
+        h = h + scale * (z * z) @ t.W_down[l].double().T
+    return float((h - h0).norm(dim=-1).mean())
+
+
+def normalise_displacement(t: TeacherWeights, target: float, shape: ToyShape = ToyShape(),
+                           iterations: int = 40) -> TeacherWeights:
+    """``t`` with W_down scaled by the c in (0, 1] (bisection in log c) at which its mean displacement equals
+    ``target``; the displacement grows monotonically with c for these teachers."""
+    x = displacement_inputs(shape)
+    if displacement(t, x) <= target:
+        return t
+    lo, hi = math.log(1e-4), 0.0
+    if displacement(t, x, math.exp(lo)) > target:
+        raise InputError(f"cannot shrink the rho={t.rho:g} teacher to displacement {target:.3g}")
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if displacement(t, x, math.exp(mid)) < target else (lo, mid)
+    c = math.exp(0.5 * (lo + hi))
+    return replace(t, W_down=t.W_down * c, scale=c)
 
 
 # ---- students: initial weights -----------------------------------------------------------------------

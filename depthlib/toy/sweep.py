@@ -23,7 +23,8 @@ from depthlib import results
 from depthlib.errors import InputError
 from depthlib.toy import analysis
 from depthlib.toy.engine import BatchedStudents, StudentSpec
-from depthlib.toy.models import ResidualNet, ToyShape, derive_seed, make_teacher, teacher_module, variant
+from depthlib.toy.models import (ResidualNet, ToyShape, derive_seed, displacement, displacement_inputs, make_teacher,
+                                 teacher_module, variant)
 from depthlib.validate import distinct, finite, int_in_range, resolve_device
 
 EXPERIMENT = "toy"
@@ -31,6 +32,7 @@ EXPERIMENT = "toy"
 CODE = ("depthlib.toy.models", "depthlib.toy.engine", "depthlib.toy.sweep", "depthlib.toy.analysis", "depthlib.measures")
 #: Deepest student or teacher accepted (the paper goes to 128; memory grows linearly with depth).
 MAX_DEPTH = 4096
+TEACHER_NORMS = ("paper", "displacement")
 PAPER_TEMPERATURES = tuple(float(f"{t:.4g}") for t in np.logspace(-2, 0, 16))  # spec §4.2
 
 
@@ -56,6 +58,8 @@ class SweepConfig:
     d_model: int = 32                          # toy width m (paper: 32)
     signature_inputs: int = 512                # inputs used for the hidden-state signatures
     seed: int = 0
+    teacher_norm: str = "paper"                # "paper" | "displacement": every teacher scaled to the ρ = 0
+                                               # teacher's mean ‖h_ℓ* − h_0‖ (models.normalise_displacement)
 
     def shape(self) -> ToyShape:
         return ToyShape(d_model=self.d_model, d_mlp=4 * self.d_model, teacher_depth=self.teacher_depth)
@@ -84,6 +88,8 @@ class SweepConfig:
         int_in_range("replicates", self.replicates, 1, 1000)
         int_in_range("eval_every", self.eval_every, 1)
         int_in_range("teacher depth", self.teacher_depth, 1, MAX_DEPTH)
+        if self.teacher_norm not in TEACHER_NORMS:
+            raise InputError(f"unknown teacher_norm {self.teacher_norm!r} (have {', '.join(TEACHER_NORMS)})")
         variant(self.variant)
         return self
 
@@ -101,7 +107,8 @@ def build_engine(cfg: SweepConfig, device: str = "cpu", chunk: int | None = None
     for r in range(cfg.replicates):
         for rho in rhos:
             t_index[(r, rho)] = len(teachers)
-            teachers.append(make_teacher(rho, derive_seed(cfg.seed, "teacher", r), shape))
+            teachers.append(make_teacher(rho, derive_seed(cfg.seed, "teacher", r), shape,
+                                         normalise=cfg.teacher_norm == "displacement"))
             streams.append(r)
     specs, rows = [], []
     for rho, temp in cfg.cells:
@@ -130,24 +137,26 @@ def _save_checkpoint(run: results.Run, eng: BatchedStudents, train_sum: torch.Te
     os.replace(tmp, path)
 
 
-def open_sweep_run(cfg: SweepConfig, allow_tf32: bool = False, root=None) -> results.Run:
-    """The results-cache folder of a sweep (complete or not)."""
+def open_sweep_run(cfg: SweepConfig, allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT
+                   ) -> results.Run:
+    """The results-cache folder of a sweep (complete or not); ``experiment`` names its family of runs
+    (``toy`` for chapter 3's sweep, ``toy-calibration`` for its long edge-cell runs)."""
     config = cfg.validate().to_dict()
     if allow_tf32:
         config["tf32"] = True                                  # TF32 changes the numbers: its own cache entry
-    return results.open_run(EXPERIMENT, config, root=root)
+    return results.open_run(experiment, config, root=root)
 
 
 def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, chunk: int | None = None,
               allow_tf32: bool = False, stop_at_step: int | None = None, checkpoint_every: int | None = None,
-              root=None) -> results.Run | None:
+              root=None, experiment: str = EXPERIMENT) -> results.Run | None:
     """Run (or resume, or load) a sweep; returns the complete run.
 
     A checkpoint (weights, Adam moments, generator states) is saved every ``checkpoint_every`` steps (default:
     every evaluation on the CPU; every 10th on CUDA, where a checkpoint of a paper sweep is ~2 GB); a resumed
     run restarts from the last one, and recomputes identically the few evaluations after it, if any.
     ``stop_at_step`` interrupts the run after the evaluation at that step (for tests) and returns None."""
-    run = open_sweep_run(cfg, allow_tf32, root)
+    run = open_sweep_run(cfg, allow_tf32, root, experiment)
     if run.complete:
         return run
     t_start = time.perf_counter()
@@ -196,7 +205,10 @@ def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, c
     run.write_table("curves", curves)
     run.write_table("alpha", analysis.final_alpha(curves))
     run.write_table("alpha_steps", analysis.alpha_table(curves))
-    run.write_table("signatures", student_signatures(eng, students, teachers, cfg))
+    sig, lag = student_signatures(eng, students, teachers, cfg)
+    run.write_table("signatures", sig)
+    run.write_table("lag_cos", lag)
+    run.write_table("teachers", teacher_table(teachers, eng.streams, cfg))
     throughput = {"steps_trained_this_call": trained, "resumed_from_step": start,
                   "model_steps_per_s": round(eng.K * trained / loop_s, 3) if trained else None,
                   "gflop_per_s": round(eng.flops_per_step() * trained / loop_s / 1e9, 2) if trained else None,
@@ -211,24 +223,38 @@ def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, c
     return run
 
 
-def student_signatures(eng: BatchedStudents, students: pd.DataFrame, teachers: list, cfg: SweepConfig) -> pd.DataFrame:
-    """Signatures of every trained student of replicate 0 and of replicate 0's teachers (tidy table)."""
+def student_signatures(eng: BatchedStudents, students: pd.DataFrame, teachers: list, cfg: SweepConfig
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-layer signatures and long-lag cosines (two tidy tables) of every trained student of replicate 0 and
+    of replicate 0's teachers."""
     shape, train = cfg.shape(), variant(cfg.variant)
     g = torch.Generator().manual_seed(derive_seed(cfg.seed, "signature"))
     x = torch.randn((cfg.signature_inputs, shape.d_model), generator=g)
     head = "none" if train.head == "none" else train.head
-    parts = []
+    sigs, lags = [], []
+
+    def add(states, **labels):
+        sigs.append(analysis.signatures(states).assign(**labels))
+        lags.append(analysis.lag_cosines(states).assign(**labels))
+
     with torch.no_grad():
         for k, row in students.iterrows():
             if row["replicate"] != 0:
                 continue
             net = ResidualNet.from_weights(eng.export_student(k), shape, train.block, head)
-            sig = analysis.signatures(net.hidden(x, all_states=True))
-            parts.append(sig.assign(net="student", rho=row["rho"], temperature=row["temperature"],
-                                    replicate=0, depth=row["depth"]))
+            add(net.hidden(x, all_states=True), net="student", rho=row["rho"], temperature=row["temperature"],
+                replicate=0, depth=row["depth"])
         for i, t in enumerate(teachers):
             if eng.streams[i] != 0:
                 continue
-            sig = analysis.signatures(teacher_module(t, shape).hidden(x, all_states=True))
-            parts.append(sig.assign(net="teacher", rho=t.rho, temperature=np.nan, replicate=0, depth=t.depth))
-    return pd.concat(parts, ignore_index=True)
+            add(teacher_module(t, shape).hidden(x, all_states=True), net="teacher", rho=t.rho,
+                temperature=np.nan, replicate=0, depth=t.depth)
+    return pd.concat(sigs, ignore_index=True), pd.concat(lags, ignore_index=True)
+
+
+def teacher_table(teachers: list, streams: list[int], cfg: SweepConfig) -> pd.DataFrame:
+    """One row per teacher: ρ, replicate, the W_down scale of its normalisation and its mean displacement
+    ‖h_ℓ* − h_0‖ on the fixed displacement inputs (models.displacement_inputs)."""
+    x = displacement_inputs(cfg.shape())
+    return pd.DataFrame([{"rho": t.rho, "replicate": r, "scale": t.scale, "displacement": displacement(t, x),
+                          "teacher_norm": cfg.teacher_norm} for t, r in zip(teachers, streams)])
