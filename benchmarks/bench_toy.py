@@ -59,7 +59,7 @@ def matmul_rate(device, n: int, reps: int) -> float:
 
 def build(args, device):
     shape = ToyShape(teacher_depth=args.teacher_depth)
-    train = variant("exp-9")
+    train = variant(args.variant)
     teachers = [make_teacher(rho, derive_seed(0, "teacher", 0), shape) for rho in args.rho]
     specs = [StudentSpec(i, T, d, derive_seed(0, "student", 0, d))
              for i in range(len(teachers)) for T in args.temperature for d in args.depths]
@@ -136,7 +136,7 @@ def bench(args) -> dict:
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "load_average_start_end": [load_start, None],
-        "students": K, "depths": args.depths, "temperatures": args.temperature, "rhos": args.rho,
+        "variant": args.variant, "students": K, "depths": args.depths, "temperatures": args.temperature, "rhos": args.rho,
         "batch": args.batch, "teacher_depth": args.teacher_depth, "chunk": eng.chunk,
         "gflop_per_round": {"plain": f_plain / 1e9, "batched": f_batched / 1e9},
         "plain": {"model_steps_per_s": K / med("plain_s_per_round"),
@@ -207,6 +207,8 @@ def main(argv=None) -> dict:
     p.add_argument("--chunk", type=int, default=None, help="students per chunk (default: 4 on CPU, all on CUDA)")
     p.add_argument("--tf32", action="store_true", help="CUDA: also time TF32 and compare its losses to fp32")
     p.add_argument("--sweep", action="store_true", help="also time the paper-sweep engine (always on CUDA)")
+    p.add_argument("--calibration", action="store_true",
+                   help="chapter 3's calibration run instead: one tied teacher, exp-9-3, T = 1, depths 6/12/24/48")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.exit(2, "bench_toy: error: --device cuda requested but no CUDA device is available\n")
@@ -214,6 +216,9 @@ def main(argv=None) -> dict:
     args.temperature = [0.01, 0.1, 0.3, 1.0]  # 4 temperatures share each teacher, as in the paper's sweep
     args.depths = [6, 12, 16, 24, 32, 48]
     args.teacher_depth = 128
+    args.variant = "exp-9"
+    if args.calibration:
+        args.rho, args.temperature, args.depths, args.variant = [1.0], [1.0], [6, 12, 24, 48], "exp-9-3"
     args.plain_steps, args.batched_steps, args.check_steps = 1, 3, 20
     args.matmul_n, args.matmul_reps = (2048, 5) if args.device == "cpu" else (8192, 20)
     args.sweep_warmup, args.sweep_steps = 3, 10
@@ -226,7 +231,8 @@ def main(argv=None) -> dict:
         args.sweep_warmup, args.sweep_steps = 1, 2
     out = bench(args)
     OUT.mkdir(parents=True, exist_ok=True)
-    name = f"bench_toy_{args.device.replace(':', '')}{'_quick' if args.quick else ''}.json"
+    name = (f"bench_toy_{args.device.replace(':', '')}{'_calibration' if args.calibration else ''}"
+            f"{'_quick' if args.quick else ''}_t{args.threads}.json")
     (OUT / name).write_text(json.dumps(out, indent=2, default=float))
     print(json.dumps({k: out[k] for k in ("device", "threads", "students", "batch", "plain", "batched",
                                           "matmul_fp32_gflop_per_s", "speedup_median",

@@ -324,3 +324,24 @@ def test_update_angle_averages_over_the_same_middle_blocks():
     sig = pd.DataFrame({"net": "x", "depth": 6, "layer": range(6), "theta_step": 1.0, "step_norm": 1.0,
                         "rel_step": 1.0, "theta_update": [9.0, 1.0, 1.0, 1.0, 9.0, np.nan]})
     assert analysis.signature_summary(sig)["theta_update"].iloc[0] == 1.0
+
+
+def test_calibration_runs_cli_and_findings(tmp_path, monkeypatch, capsys):
+    """The calibration pair (smoke): the CLI trains one teacher's run into its own experiment, the chapter finds
+    both, and the generated findings quote each run's final α_ℓ with its t interval."""
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    assert cli.main(["toy", "--calibration", "tied", "--threads", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["alpha"][0]["rho"] == 1.0 and "/toy-calibration/" in out["run"]
+    assert cli.main(["toy", "--calibration", "tied", "--steps", "5"]) == 2
+    assert "--calibration runs a profile's fixed settings" in capsys.readouterr().err
+    runs = chapter.calibration_runs("smoke", rerun=True)
+    assert set(runs) == {"tied", "independent"} and str(runs["tied"].path) == out["run"]
+    summary = chapter.calibration_summary(runs)
+    row = summary.set_index("teacher").loc["tied"]
+    final = runs["tied"].table("alpha").iloc[0]
+    assert row["alpha"] == pytest.approx(final["alpha"]) and row["steps"] == 80
+    assert {"slope_2_4", "slope_4_8", "loss_depth_8"} <= set(summary.columns)
+    lines = chapter.calibration_findings(summary)
+    assert lines[0].startswith("tied teacher") and f"{final['alpha']:.2f}" in lines[0]
+    assert lines[-1].startswith("Tied minus independent")
