@@ -345,3 +345,24 @@ def test_calibration_runs_cli_and_findings(tmp_path, monkeypatch, capsys):
     lines = chapter.calibration_findings(summary)
     assert lines[0].startswith("tied teacher") and f"{final['alpha']:.2f}" in lines[0]
     assert lines[-1].startswith("Tied minus independent")
+
+
+def test_gpu_session_script_plans_and_runs_a_step(tmp_path, monkeypatch):
+    """benchmarks/gpu_session.py (all GPU work in one prepared script): the dry run lists every step; a smoke step
+    on the CPU runs for real and its finished run is copied to OUT/results; bad input exits with 2."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("gpu_session", Path(__file__).parent.parent / "benchmarks" / "gpu_session.py")
+    gs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gs)
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert gs.main(["--dry-run", "--out", str(tmp_path / "plan")]) == 0
+    plan = json.loads((tmp_path / "plan" / "gpu_session.json").read_text())
+    assert [s["name"] for s in plan["steps"]] == ["toy-speed", "toy-paper", "calibration", "probes-bf16", "lm-depth"]
+    assert gs.main(["--device", "cpu", "--profile", "smoke", "--only", "toy-paper", "--out", str(tmp_path / "o")]) == 0
+    done = json.loads((tmp_path / "o" / "gpu_session.json").read_text())["steps"][0]
+    assert done["status"] == "done" and list((tmp_path / "o" / "results" / "toy").glob("*/manifest.json"))
+    with pytest.raises(SystemExit) as err:
+        gs.main(["--only", "nope", "--dry-run"])
+    assert err.value.code == 2
