@@ -177,11 +177,13 @@ def calibration_findings(summary: pd.DataFrame) -> list[str]:
     for r in summary.itertuples():
         slopes = [c for c in summary.columns if c.startswith("slope_")]
         local = ", ".join(f"{c[6:].replace('_', '→')}: {getattr(r, c):.2f}" for c in slopes)
-        rate = r.alpha_per_1k_steps_decay
+        rates = [f"{rate:+.3f} per 1,000 steps {when}" for rate, when in
+                 ((r.alpha_per_1k_steps_decay, "during the final decay"),
+                  (r.alpha_per_1k_steps_before_decay, "in the 20 % of steps before it")) if np.isfinite(rate)]
+        moved = f"; α_ℓ moved {' and '.join(rates)}" if rates else ""
         lines.append(f"{r.teacher} teacher (ρ = {r.rho:g}, T = {r.temperature:g}, {r.variant}, {r.steps:,} steps × "
-                     f"{r.batch}): α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] ({r.interval}); local slopes {local}; "
-                     f"α_ℓ moved {rate:+.3f} per 1,000 steps during the final decay and "
-                     f"{r.alpha_per_1k_steps_before_decay:+.3f} in the 20 % before it.")
+                     f"{r.batch}): α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] — {r.interval}; local slopes {local}"
+                     f"{moved}.")
     if {"tied", "independent"} <= set(summary["teacher"]):
         t, i = (summary[summary["teacher"] == k].iloc[0] for k in ("tied", "independent"))
         apart = t["lo"] > i["hi"]
