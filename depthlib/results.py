@@ -416,9 +416,10 @@ def corruption(run: Run, tables: Sequence[str] = (), checkpoints: Sequence[str] 
 
 def prepare_run(run: Run, *, force: bool = False, tables: Sequence[str] = (),
                 checkpoints: Sequence[str] = ()) -> Run:
-    """Validate a local run when it is opened: with ``force`` its folder is deleted (recomputed from scratch);
-    a corrupt one (:func:`corruption`) is reported in one stderr line naming its folder and deleted, so the
-    caller recomputes it instead of failing on every rerun."""
+    """Validate a local run when it is opened to compute into: with ``force`` its folder is deleted (recomputed from
+    scratch); a corrupt one (:func:`corruption`) is reported in one stderr line naming its folder and deleted, so the
+    caller recomputes it instead of failing on every rerun; a complete one computed by other code (stale) is deleted
+    too, so the caller recomputes it instead of handing back numbers the current code did not produce."""
     if not run.path.exists():
         return run
     remove_stray_tmp(run.path)
@@ -431,6 +432,9 @@ def prepare_run(run: Run, *, force: bool = False, tables: Sequence[str] = (),
     problem = corruption(run, tables, checkpoints)
     if problem is not None:
         print(f"[depthlib] corrupt run {run.path}: {problem}; deleting it and recomputing", file=sys.stderr)
+        shutil.rmtree(run.path)
+    elif run.complete and run.stale:
+        print(f"[depthlib] {run.path} was computed by other code; deleting it and recomputing", file=sys.stderr)
         shutil.rmtree(run.path)
     return run
 

@@ -307,3 +307,17 @@ def test_file_digest_is_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
     assert results.file_sha256(f) == hashlib.sha256(b"abc").hexdigest() and not calls     # disk
     f.write_bytes(b"abcd")                                                                   # size changes
     assert results.file_sha256(f) == "0" * 64 and calls
+
+
+def test_prepare_run_recomputes_a_stale_complete_run(tmp_path, monkeypatch, capsys):
+    """Opening a complete run made by other code to compute into deletes it, instead of handing back its numbers."""
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    run = results.open_run("demo", {"a": 1})
+    run.write_table("t", pd.DataFrame({"x": [1.0]}))
+    run.finish(profile="smoke", seed=0, wall_time_s=0.0, code=("depthlib.measures",))
+    m = run.manifest
+    m["code_fingerprint"] = "000000000000"
+    (run.path / "manifest.json").write_text(json.dumps(m))
+    assert run.stale
+    results.prepare_run(run)
+    assert not run.path.exists() and "computed by other code" in capsys.readouterr().err
