@@ -68,6 +68,28 @@ def _add_force(p, note: str = "") -> None:
                    help="delete a cached run of these settings and recompute it" + (f" ({note})" if note else ""))
 
 
+def _add_executor(p) -> None:
+    """--executor and its settings (depthlib.executors): where the units of a run go."""
+    g = p.add_argument_group("executors (issue 14)")
+    g.add_argument("--executor", choices=("serial", "joblib", "submitit"), default="serial",
+                   help="serial: this process (default); joblib: local worker processes; submitit: SLURM jobs")
+    g.add_argument("--jobs", type=int, default=2, help="joblib worker processes (default 2)")
+    g.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
+                   help="submitit cluster: auto (SLURM if present, else local subprocesses), slurm, local, debug")
+    g.add_argument("--partition", default=None, help="SLURM partition")
+    g.add_argument("--gpus-per-job", type=int, default=0, help="SLURM GPUs per job (default 0)")
+    g.add_argument("--time", type=int, default=240, metavar="MIN",
+                   help="SLURM time limit per job in minutes (default 240); a timed-out job is requeued and resumes")
+    g.add_argument("--array-parallelism", type=int, default=64, help="SLURM jobs of the array running at once")
+
+
+def _executor_config(args):
+    from depthlib.executors import ExecutorConfig
+    return ExecutorConfig(args.executor, jobs=args.jobs, threads=args.threads, cluster=args.cluster,
+                          partition=args.partition, gpus_per_job=args.gpus_per_job, time_min=args.time,
+                          array_parallelism=args.array_parallelism).validate()
+
+
 # ---- fit (issue 2) ---------------------------------------------------------------------------------
 def _add_fit(sub) -> None:
     p = sub.add_parser("fit", help="fit the decomposed scaling law (or the classic Chinchilla form) to the Chinchilla points")
@@ -144,13 +166,15 @@ def _add_toy(sub) -> None:
     p.add_argument("--variant", default=None,
                    help="training variant: exp-9 (KL, constant lr), exp-9-decay, exp-9-3 (fixed head), "
                         "exp-9-2 (MSE), exp-9-4 (RK2 students)")
-    p.add_argument("--calibration", choices=("tied", "independent"), default=None,
+    p.add_argument("--calibration", choices=("tied", "independent", "both"), default=None,
                    help="train the profile's calibration run of this teacher (chapter 3, Fig. 4a,b: exp-9-3 at "
-                        "T = 1, the paper's unnormalised teacher) instead of its phase-diagram sweep")
+                        "T = 1, the paper's unnormalised teacher; both: the two runs, as two units of --executor) "
+                        "instead of its phase-diagram sweep (whose units are its teacher correlations ρ)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (changes the numbers)")
     _add_force(p)
+    _add_executor(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=_cmd_toy, saves=None)
 
@@ -165,12 +189,16 @@ def _cmd_toy(args) -> dict[str, Any]:
         import torch
         torch.set_num_threads(validate.int_in_range("--threads", args.threads, 1, 1024))
     validate.resolve_device(args.device)
-    experiment = sweep.EXPERIMENT
+    executor = _executor_config(args)
+    if executor.kind != "serial" and (args.force or args.tf32):
+        raise InputError("--force and --tf32 work with --executor serial only")
     if args.calibration is not None:
         changed = [f"--{k}" for k in ("rho", "temperature", "depths", "steps", "replicates", "variant")
                    if getattr(args, k) is not None]
         if changed:
             raise InputError(f"--calibration runs a profile's fixed settings; drop {', '.join(changed)}")
+        if args.calibration == "both":
+            return _toy_calibration_both(args, executor)
         kinds = {kind: rho for rho, kind in chapter.CALIBRATION_KINDS.items()}
         cfg = next(c for c in chapter.CALIBRATION[args.profile] if c.cells[0][0] == kinds[args.calibration])
         experiment = chapter.CALIBRATION_EXPERIMENT
@@ -178,11 +206,18 @@ def _cmd_toy(args) -> dict[str, Any]:
         cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature,
                                      depths=args.depths, steps=args.steps, replicates=args.replicates,
                                      **({"variant": args.variant} if args.variant else {}))
+        experiment = sweep.EXPERIMENT
     folder = sweep.open_sweep_run(cfg, args.tf32, experiment=experiment).path
     args.save_dir, args.saves = folder, f"the sweep's last checkpoint (every evaluation on the CPU) is in {folder}"
     before = None if args.force else _finished_at(folder)
-    run = chapter.train(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32,
-                        experiment=experiment)
+    if executor.kind == "serial" or args.calibration is not None:
+        run = chapter.train(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32,
+                            experiment=experiment)
+    else:
+        from depthlib.toy import shards
+        shard_root = folder.parent.parent / shards.SHARD_EXPERIMENT
+        args.saves = f"finished shards (one per ρ) and their checkpoints are under {shard_root}"
+        run = shards.run_sharded(cfg, executor, args.device)
     cached = before is not None and run.manifest.get("created") == before     # not recomputed (e.g. as corrupt)
     if cached:
         print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
@@ -205,6 +240,19 @@ def _cmd_toy(args) -> dict[str, Any]:
         out["alpha"] = {f"rho={a['rho']:g}, T={a['temperature']:.3g}": f"{a['alpha']} [{a['lo']}, {a['hi']}]"
                         for a in out["alpha"]}
     return out
+
+
+def _toy_calibration_both(args, executor) -> dict[str, Any]:
+    """Both calibration runs of a profile, as two units of ``executor`` (e.g. two 1-thread joblib workers)."""
+    from depthlib.toy import chapter
+    runs = chapter.calibration_runs(args.profile, args.device, executor=executor)
+    summary = chapter.calibration_summary(runs)
+    return {"profile": args.profile, "meaningful": args.profile != "smoke", "executor": executor.kind,
+            "alpha": [{"teacher": r.teacher, "rho": r.rho, "alpha": _round_or_none(r.alpha), "lo": _round_or_none(r.lo),
+                       "hi": _round_or_none(r.hi), "steps": int(r.steps)} for r in summary.itertuples()],
+            "interval": str(summary["interval"].iloc[0]),
+            "runs": {kind: str(run.path) for kind, run in runs.items()},
+            "wall_time_s": {kind: run.manifest.get("wall_time_s") for kind, run in runs.items()}}
 
 
 def _finished_at(folder: Path) -> str | None:
@@ -521,6 +569,8 @@ def _resume_command(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from depthlib.runtime import steady_malloc
+    steady_malloc()                       # long runs: keep freed memory in the process (depthlib/runtime.py)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)

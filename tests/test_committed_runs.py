@@ -24,7 +24,8 @@ CHAPTERS = {"chinchilla": "depthlib.scaling.chapter", "toy": "depthlib.toy.chapt
             "lm-depth": "depthlib.lm.chapter", "interventions-": "depthlib.interventions.chapter"}
 #: replay tolerances (relative): the toy and the fits are deterministic on one CPU; models in fp32 differ
 #: only by the order of floating-point sums when batches are composed differently
-RTOL = {"chinchilla": 1e-9, "toy": 1e-4, "toy-calibration": 1e-4, "causal_tracing": 1e-4, "probes-": 1e-4, "lm-depth": 1e-4, "interventions-": 1e-4}
+RTOL = {"chinchilla": 1e-9, "toy": 1e-4, "toy-calibration": 1e-4,
+        "causal_tracing": 1e-4, "probes-": 1e-4, "lm-depth": 1e-4, "interventions-": 1e-4}
 
 
 def _chapter(experiment: str) -> str:

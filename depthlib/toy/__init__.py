@@ -12,6 +12,10 @@ import os
 # (smoke sweep measured 62 s instead of 9.7 s; toy-performance.md §0). Passive waiting costs nothing when idle.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from depthlib.runtime import steady_malloc  # noqa: E402
+
+steady_malloc()   # a long run otherwise spends a third of its time faulting freed memory back in (runtime.py)
+
 from depthlib.toy.engine import BatchedStudents, StudentSpec  # noqa: E402
 from depthlib.toy.models import (  # noqa: E402
     VARIANTS,

@@ -8,6 +8,9 @@ of a run with the current code and return the committed and recomputed numbers s
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -118,22 +121,47 @@ def chapter_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = Fa
                                expected_config=_expected, rerun=rerun)
 
 
+def train_calibration(profile: str, kind: str, device: str = "cpu") -> str:
+    """Train (or resume, or load) one calibration run (``kind``: tied | independent); returns its folder.
+    Module-level, so an executor can run the two side by side."""
+    cfg = next(c for c in CALIBRATION[profile] if CALIBRATION_KINDS[c.cells[0][0]] == kind)
+    return str(train(cfg, device, progress=False, experiment=CALIBRATION_EXPERIMENT).path)
+
+
 def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,
-                     progress: bool = False) -> dict[str, results.Run]:
+                     executor=None) -> dict[str, results.Run]:
     """The calibration runs chapter 3 shows for ``profile``, by kind (``tied``, ``independent``): the same rule
-    as every chapter (:func:`depthlib.results.select_run`, matched on each run's own config); a missing one is
-    trained now."""
+    as every chapter (:func:`depthlib.results.select_run`, matched on each run's own config). Missing ones are
+    trained now, in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as units of it."""
+    from depthlib import executors
     results.check_profile(profile)
-    out = {}
+    found, missing = {}, []
     for i, cfg in enumerate(CALIBRATION[profile]):
         def expected(prof, i=i):
             return CALIBRATION[prof][i].to_dict() if prof in CALIBRATION else None
         kind = CALIBRATION_KINDS[cfg.cells[0][0]]
-        out[kind] = results.chapter_run(CALIBRATION_EXPERIMENT, profile,
-                                        lambda cfg=cfg: train(cfg, device, progress=progress,
-                                                              experiment=CALIBRATION_EXPERIMENT),
-                                        expected_config=expected, rerun=rerun)
-    return out
+        run = results.select_run(CALIBRATION_EXPERIMENT, profile, expected_config=expected, rerun=rerun)
+        try:
+            found[kind] = run.validate() if run is not None else None
+        except results.CorruptRunError as err:
+            if run.committed:
+                raise
+            print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
+            shutil.rmtree(run.path)
+            found[kind] = None
+        if found[kind] is None:
+            missing.append(kind)
+    if missing:
+        units = [executors.Unit(f"calibration-{kind}", "depthlib.toy.chapter:train_calibration",
+                                {"profile": profile, "kind": kind, "device": device}) for kind in missing]
+        outcomes = executors.run_units(units, executor or executors.ExecutorConfig())
+        problem = executors.failures(outcomes)
+        if problem:
+            raise InputError(f"calibration ({profile}): {problem}; finished runs are cached, rerun to resume")
+        for kind, outcome in zip(missing, outcomes):
+            found[kind] = results.Run(CALIBRATION_EXPERIMENT, {}, Path(outcome.run))
+            found[kind].config = found[kind].manifest["config"]
+    return {kind: found[kind] for kind in (CALIBRATION_KINDS[c.cells[0][0]] for c in CALIBRATION[profile])}
 
 
 def calibration_tables(runs: dict[str, results.Run]) -> tuple[pd.DataFrame, pd.DataFrame]:

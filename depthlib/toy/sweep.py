@@ -23,8 +23,16 @@ from depthlib import results
 from depthlib.errors import InputError
 from depthlib.toy import analysis
 from depthlib.toy.engine import BatchedStudents, StudentSpec
-from depthlib.toy.models import (ResidualNet, ToyShape, derive_seed, displacement, displacement_inputs, make_teacher,
-                                 teacher_module, variant)
+from depthlib.toy.models import (
+    ResidualNet,
+    ToyShape,
+    derive_seed,
+    displacement,
+    displacement_inputs,
+    make_teacher,
+    teacher_module,
+    variant,
+)
 from depthlib.validate import distinct, finite, int_in_range, resolve_device
 
 EXPERIMENT = "toy"

@@ -1,0 +1,181 @@
+"""Where units of work run: in this process, on local worker processes (joblib), or as SLURM jobs (submitit).
+
+Nothing here schedules anything itself (issue 14): joblib's loky processes use the cores of one machine, submitit
+submits SLURM job arrays (its ``local`` and ``debug`` clusters run real subprocess jobs, or in-process, for tests).
+
+A :class:`Unit` is a small picklable description of one piece of work: a module-level function, its keyword
+arguments, and a label. Its function computes one run into the results cache and returns that run's folder, so
+
+* re-running the same command resumes: a unit whose run is complete loads it from the cache in a moment, and a unit
+  cut off mid-way (a preempted or timed-out SLURM job is requeued by submitit's checkpointing) resumes from the
+  run's own last checkpoint;
+* a failed unit is reported with its log file, and the others are kept.
+
+Workers see the submitting process's ``DEPTHLIB_*`` environment (cache and results folders) and use
+``threads`` torch threads each (default: the machine's cores divided among the concurrent jobs), since two
+processes with two spinning OpenMP threads each on two cores run small ops up to 90× slower.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from depthlib import paths
+from depthlib.errors import InputError
+
+EXECUTORS = ("serial", "joblib", "submitit")
+SUBMITIT_CLUSTERS = ("auto", "slurm", "local", "debug")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """How to run a list of units. The SLURM settings are passed through to submitit (ignored elsewhere)."""
+
+    kind: str = "serial"                 # serial | joblib | submitit
+    jobs: int = 1                        # joblib: worker processes; submitit: ignored (array_parallelism)
+    threads: int | None = None           # torch threads per unit (default: cores // concurrent units, ≥ 1)
+    cluster: str = "auto"                # submitit: auto (SLURM if present, else local) | slurm | local | debug
+    partition: str | None = None         # SLURM partition
+    gpus_per_job: int = 0                # SLURM GPUs per job
+    time_min: int = 240                  # SLURM time limit per job, minutes (a timed-out toy shard is requeued)
+    array_parallelism: int = 64          # SLURM: at most this many jobs of the array run at once
+    cpus_per_job: int | None = None      # SLURM cpus per task (default: threads)
+    folder: str | None = None            # submitit logs (default: <cache>/submitit)
+
+    def validate(self) -> "ExecutorConfig":
+        if self.kind not in EXECUTORS:
+            raise InputError(f"unknown executor {self.kind!r} (have {', '.join(EXECUTORS)})")
+        if self.cluster not in SUBMITIT_CLUSTERS:
+            raise InputError(f"unknown submitit cluster {self.cluster!r} (have {', '.join(SUBMITIT_CLUSTERS)})")
+        for name in ("jobs", "time_min", "array_parallelism"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("threads", "cpus_per_job"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.gpus_per_job < 0:
+            raise InputError(f"--gpus-per-job must be >= 0, got {self.gpus_per_job}")
+        return self
+
+    def unit_threads(self, n_units: int) -> int:
+        if self.threads is not None:
+            return int(self.threads)
+        concurrent = 1 if self.kind == "serial" else max(1, min(self.jobs, n_units))
+        return max(1, (os.cpu_count() or 1) // concurrent)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of work: ``module.function(**kwargs)``, which computes (or loads) a run and returns its folder."""
+
+    label: str
+    function: str                        # "package.module:function"
+    kwargs: dict = field(default_factory=dict)
+
+    def __call__(self, threads: int = 1, env: dict | None = None) -> str:
+        os.environ.update(env or {})
+        import torch
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            module, name = self.function.split(":")
+            return str(getattr(importlib.import_module(module), name)(**self.kwargs))
+        finally:
+            torch.set_num_threads(before)          # serial and debug units run in the caller's process
+
+
+@dataclass
+class Outcome:
+    """What became of one unit: its run folder, or its error and where the log is."""
+
+    label: str
+    ok: bool
+    run: str | None = None
+    error: str | None = None
+    log: str | None = None
+    wall_s: float = 0.0
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith("DEPTHLIB_") or k == "OMP_WAIT_POLICY"}
+
+
+def _logs_dir(cfg: ExecutorConfig) -> Path:
+    folder = Path(cfg.folder) if cfg.folder else paths.cache_dir() / "submitit"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _guarded(unit: Unit, threads: int, env: dict, log_dir: str) -> Outcome:
+    """Run a unit in this process (serial, or inside a joblib worker); an exception becomes an Outcome whose
+    traceback is written to ``log_dir/<label>.log``."""
+    t0 = time.perf_counter()
+    try:
+        return Outcome(unit.label, True, run=unit(threads, env), wall_s=time.perf_counter() - t0)
+    except Exception as err:  # noqa: BLE001 - one unit's failure must not lose the others
+        log = Path(log_dir) / f"{unit.label}.log"
+        log.write_text(traceback.format_exc())
+        return Outcome(unit.label, False, error=f"{type(err).__name__}: {err}", log=str(log),
+                       wall_s=time.perf_counter() - t0)
+
+
+def run_units(units: list[Unit], cfg: ExecutorConfig = ExecutorConfig()) -> list[Outcome]:
+    """Run ``units`` with the chosen executor and return one :class:`Outcome` per unit, in order."""
+    cfg.validate()
+    if not units:
+        return []
+    threads, env, logs = cfg.unit_threads(len(units)), _env(), _logs_dir(cfg)
+    if cfg.kind == "serial":
+        return [_guarded(u, threads, env, str(logs)) for u in units]
+    if cfg.kind == "joblib":
+        from joblib import Parallel, delayed
+        return list(Parallel(n_jobs=min(cfg.jobs, len(units)), backend="loky")(
+            delayed(_guarded)(u, threads, env, str(logs)) for u in units))
+    return _run_submitit(units, cfg, threads, env, logs)
+
+
+def _run_submitit(units: list[Unit], cfg: ExecutorConfig, threads: int, env: dict, logs: Path) -> list[Outcome]:
+    import submitit
+    from submitit.helpers import Checkpointable
+
+    class Requeued(Checkpointable):
+        """A unit that submitit requeues when its job times out or is preempted (its run resumes itself)."""
+
+        def __init__(self, unit: Unit):
+            self.unit = unit
+
+        def __call__(self) -> str:
+            return self.unit(threads, env)
+
+    executor = submitit.AutoExecutor(folder=str(logs / "%j"), cluster=None if cfg.cluster == "auto" else cfg.cluster)
+    params: dict[str, Any] = {"timeout_min": cfg.time_min, "cpus_per_task": cfg.cpus_per_job or threads,
+                              "gpus_per_node": cfg.gpus_per_job, "name": "depthlib",
+                              "slurm_array_parallelism": cfg.array_parallelism}
+    if cfg.partition:
+        params["slurm_partition"] = cfg.partition
+    executor.update_parameters(**params)
+    t0 = time.perf_counter()
+    jobs = executor.submit_array([Requeued(u) for u in units])     # one SLURM array (one job per unit elsewhere)
+    out = []
+    for unit, job in zip(units, jobs):
+        try:
+            run = job.result()
+            out.append(Outcome(unit.label, True, run=run, log=str(job.paths.stdout), wall_s=time.perf_counter() - t0))
+        except Exception as err:  # noqa: BLE001
+            message = str(err).strip().splitlines()
+            out.append(Outcome(unit.label, False, error=message[-1] if message else type(err).__name__,
+                               log=str(job.paths.stderr), wall_s=time.perf_counter() - t0))
+    return out
+
+
+def failures(outcomes: list[Outcome]) -> str | None:
+    """One line per failed unit (label, error, log), or None when all finished."""
+    bad = [o for o in outcomes if not o.ok]
+    if not bad:
+        return None
+    return "; ".join(f"{o.label} failed ({o.error}; log: {o.log})" for o in bad)

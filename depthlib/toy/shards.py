@@ -1,0 +1,106 @@
+"""A toy sweep as shards (issue 14): one shard per teacher correlation ρ (its teachers, every temperature and
+replicate, all their students), each its own resumable run, merged into the run the serial sweep would make.
+
+Why the merge is exact: every student's initial weights, data stream and teacher come from seeds derived from its own
+(ρ, T, replicate, depth) (:func:`depthlib.toy.models.derive_seed`), so a student trains the same whichever other
+students share its engine; the shard runs' per-student tables, put back in the serial run's row order, are the
+serial run's tables, and α_ℓ is refitted from the merged curves by the same code. ``tests/test_toy.py`` checks the
+merged tables against a serial run bit for bit, with the serial, joblib and submitit (local and debug) executors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from depthlib import executors, results
+from depthlib.errors import InputError
+from depthlib.toy import analysis
+from depthlib.toy.sweep import CODE, EXPERIMENT, SweepConfig, open_sweep_run
+
+#: shard runs live apart from the sweeps a chapter shows
+SHARD_EXPERIMENT = "toy-shards"
+#: the merged run's numbers depend on the sweep's code and on this merge
+MERGED_CODE = CODE + ("depthlib.toy.shards",)
+
+
+def shard_configs(cfg: SweepConfig) -> list[SweepConfig]:
+    """One config per ρ of ``cfg`` (its cells at that ρ, in ``cfg``'s order); one shard if there is one ρ."""
+    rhos = list(dict.fromkeys(c[0] for c in cfg.cells))
+    return [dataclasses.replace(cfg, cells=tuple(c for c in cfg.cells if c[0] == rho)) for rho in rhos]
+
+
+def train_shard(config: dict, device: str = "cpu") -> str:
+    """Train (or resume, or load) one shard; returns its run folder. Module-level, so executors can pickle it."""
+    from depthlib.toy import chapter
+    cfg = SweepConfig(**{**config, "cells": tuple(tuple(c) for c in config["cells"]),
+                         "depths": tuple(config["depths"])})
+    return str(chapter.train(cfg, device, progress=False, experiment=SHARD_EXPERIMENT).path)
+
+
+def _order(cfg: SweepConfig, df: pd.DataFrame, before: tuple = (), after: tuple = ()) -> pd.DataFrame:
+    """Student rows (rho, temperature, replicate, depth) sorted as the serial sweep writes them: by ``before``,
+    then cell, replicate and depth in ``cfg``'s order, then ``after``."""
+    cell = {c: i for i, c in enumerate(cfg.cells)}
+    depth = {d: i for i, d in enumerate(cfg.depths)}
+    keyed = df.assign(_cell=[cell[(r, t)] for r, t in zip(df["rho"], df["temperature"])],
+                      _depth=[depth[int(d)] for d in df["depth"]])
+    return (keyed.sort_values([*before, "_cell", "replicate", "_depth", *after], kind="stable")
+            .drop(columns=["_cell", "_depth"]).reset_index(drop=True))
+
+
+def _students_then_teachers(cfg: SweepConfig, df: pd.DataFrame, within: str) -> pd.DataFrame:
+    """Signature-like tables as the serial sweep writes them: students in order (each by ``within``), then the
+    replicate-0 teachers by ρ."""
+    teachers = df[df["net"] == "teacher"].sort_values(["rho", within], kind="stable")
+    return pd.concat([_order(cfg, df[df["net"] == "student"], after=(within,)), teachers], ignore_index=True)
+
+
+def merge(cfg: SweepConfig, shard_runs: list[results.Run], *, wall_time_s: float, executor: str,
+          device: str = "cpu", root=None) -> results.Run:
+    """Write the merged run of ``cfg`` (the serial sweep's cache key) from its finished shard runs."""
+    run = open_sweep_run(cfg, root=root)
+    results.prepare_run(run)
+    if run.complete:
+        return run
+    tables = {name: pd.concat([r.table(name) for r in shard_runs], ignore_index=True)
+              for name in ("curves", "signatures", "lag_cos", "teachers")}
+    curves = _order(cfg, tables["curves"], before=("step",))
+    run.write_table("curves", curves)
+    run.write_table("alpha", analysis.final_alpha(curves))
+    run.write_table("alpha_steps", analysis.alpha_table(curves))
+    run.write_table("signatures", _students_then_teachers(cfg, tables["signatures"], "layer"))
+    run.write_table("lag_cos", _students_then_teachers(cfg, tables["lag_cos"], "lag"))
+    run.write_table("teachers", tables["teachers"].sort_values(["replicate", "rho"], kind="stable")
+                    .reset_index(drop=True))
+    m = [r.manifest for r in shard_runs]
+    flop = sum(x.get("flop_total") or 0 for x in m)
+    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=wall_time_s, device=device, code=MERGED_CODE,
+               n_students=sum(x.get("n_students") or 0 for x in m), flop_total=flop,
+               gflop_per_s=round(flop / wall_time_s / 1e9, 2) if wall_time_s > 0 else None,
+               executor=executor, shards=[f"{r.experiment}/{r.key}" for r in shard_runs],
+               shard_wall_time_s=[x.get("wall_time_s") for x in m])
+    return run
+
+
+def run_sharded(cfg: SweepConfig, executor: executors.ExecutorConfig, device: str = "cpu") -> results.Run:
+    """Train ``cfg`` as one shard per ρ with ``executor`` and merge them; a finished merged run is loaded.
+    A failed shard raises one :class:`InputError` line naming it and its log; finished shards stay cached."""
+    cfg = cfg.validate()
+    run = results.prepare_run(open_sweep_run(cfg))
+    if run.complete:
+        return run
+    t0 = time.perf_counter()
+    units = [executors.Unit(f"toy-rho{s.cells[0][0]:g}", "depthlib.toy.shards:train_shard",
+                            {"config": s.to_dict(), "device": device}) for s in shard_configs(cfg)]
+    outcomes = executors.run_units(units, executor)
+    problem = executors.failures(outcomes)
+    if problem:
+        raise InputError(f"toy sweep {run.key}: {problem}; the finished shards are cached, rerun to resume")
+    shard_runs = [results.Run(SHARD_EXPERIMENT, {}, Path(o.run)) for o in outcomes]
+    return merge(cfg, shard_runs, wall_time_s=time.perf_counter() - t0, executor=executor.kind, device=device)
+
+
+__all__ = ["EXPERIMENT", "MERGED_CODE", "SHARD_EXPERIMENT", "merge", "run_sharded", "shard_configs", "train_shard"]
