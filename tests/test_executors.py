@@ -28,8 +28,15 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture()
 def serial_tables(cache):
-    """The tables of the sweep trained in one engine, in this process (then removed from the cache)."""
-    run = chapter.train(_config(), progress=False)
+    """The tables of the sweep trained in one engine, in this process (then removed from the cache), on one torch
+    thread like the shards (float64 reductions such as the lag cosines differ in the last bits across thread counts)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = chapter.train(_config(), progress=False)
+    finally:
+        torch.set_num_threads(before)
     tables = {name: run.table(name) for name in TABLES}
     import shutil
     shutil.rmtree(run.path)

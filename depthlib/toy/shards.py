@@ -5,7 +5,8 @@ Why the merge is exact: every student's initial weights, data stream and teacher
 (ρ, T, replicate, depth) (:func:`depthlib.toy.models.derive_seed`), so a student trains the same whichever other
 students share its engine; the shard runs' per-student tables, put back in the serial run's row order, are the
 serial run's tables, and α_ℓ is refitted from the merged curves by the same code. ``tests/test_toy.py`` checks the
-merged tables against a serial run bit for bit, with the serial, joblib and submitit (local and debug) executors.
+merged tables against a serial run bit for bit, with the serial, joblib and submitit (local and debug) executors, at
+the same torch thread count (float64 reductions such as the lag cosines differ in the last bits across thread counts).
 """
 from __future__ import annotations
 
