@@ -6,6 +6,8 @@ Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 - :mod:`depthlib.paths`    checkout or wheel; the user cache (``DEPTHLIB_CACHE_DIR``); package data
 - :mod:`depthlib.results`  results cache, code fingerprints, THE rule for which run a chapter shows
 - :mod:`depthlib.validate` shared validators (device, finite numbers, ranges) behind the one-line errors
+- :mod:`depthlib.executors` serial | joblib | submitit: where units of work (one run each) are computed
+- :mod:`depthlib.runtime`  process settings for long CPU runs (steady glibc malloc)
 - :mod:`depthlib.measures` angles, middle-block ranges, power-law fits (one definition each)
 - :mod:`depthlib.data`     the Chinchilla CSV and text corpora
 - :mod:`depthlib.models`   model adapters: architecture table, loading (offline GGUF -> HF folder), hooks

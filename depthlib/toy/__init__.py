@@ -4,6 +4,7 @@
 - :mod:`depthlib.toy.engine`    :class:`BatchedStudents`, one engine training a whole sweep at once
 - :mod:`depthlib.toy.reference` the plain one-student-at-a-time loop (numerical reference, baseline)
 - :mod:`depthlib.toy.sweep`     profiles (smoke | cpu | paper), resumable cached sweeps
+- :mod:`depthlib.toy.shards`    a sweep as one shard per ρ on an executor, merged bit for bit into the serial run
 - :mod:`depthlib.toy.analysis`  α_ℓ fits, α_ℓ against training step, hidden-state signatures
 """
 import os
