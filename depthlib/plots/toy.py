@@ -160,18 +160,24 @@ def middle_step_vs_depth(summary: pd.DataFrame):
     return fig
 
 
-def update_angles(summary: pd.DataFrame):
-    """Mean middle-layer θ(Δh_l, Δh_{l+1}) against ρ: students (per depth) and the teachers themselves."""
-    fig = plots.new_figure("Angle between successive updates", "teacher layer correlation ρ",
-                           "mean middle-layer θ(Δh_l, Δh_l+1) (rad)")
+def _students_and_teachers_vs_rho(summary: pd.DataFrame, column: str, title: str, y_title: str):
+    """``column`` of the signature summary against ρ: one line per student depth (mean over T), teachers as crosses."""
+    fig = plots.new_figure(title, "teacher layer correlation ρ", y_title)
     stu = summary[summary["net"] == "student"]
     for i, (d, g) in enumerate(stu.groupby("depth")):
-        g = g.groupby("rho", as_index=False)["theta_update"].mean()
-        fig.add_trace(go.Scatter(x=g["rho"], y=g["theta_update"], mode="lines+markers",
+        g = g.groupby("rho", as_index=False)[column].mean()
+        fig.add_trace(go.Scatter(x=g["rho"], y=g[column], mode="lines+markers",
                                  line=dict(color=plots.color(i)), name=f"student ℓ = {d:g} (mean over T)"))
-    tea = summary[summary["net"] == "teacher"].groupby("rho", as_index=False)["theta_update"].mean()
-    fig.add_trace(go.Scatter(x=tea["rho"], y=tea["theta_update"], mode="markers", name="teacher (ℓ* blocks)",
+    tea = summary[summary["net"] == "teacher"].groupby("rho", as_index=False)[column].mean()
+    fig.add_trace(go.Scatter(x=tea["rho"], y=tea[column], mode="markers", name="teacher (ℓ* blocks)",
                              marker=dict(symbol="x", size=12, color="#000")))
+    return fig
+
+
+def update_angles(summary: pd.DataFrame):
+    """Mean middle-layer θ(Δh_l, Δh_{l+1}) against ρ: students (per depth) and the teachers themselves."""
+    fig = _students_and_teachers_vs_rho(summary, "theta_update", "Angle between successive updates",
+                                        "mean middle-layer θ(Δh_l, Δh_l+1) (rad)")
     fig.add_hline(y=math.pi / 2, line=dict(color="#999", dash="dot"),
                   annotation_text="π/2: ensemble averaging (LLMs)", annotation_position="bottom right")
     fig.add_hline(y=0, line=dict(color="#999", dash="dot"), annotation_text="0: smooth, procedural",
@@ -182,16 +188,8 @@ def update_angles(summary: pd.DataFrame):
 
 def long_lag(summary: pd.DataFrame):
     """Mean long-lag cos(Δh_l, Δh_{l+k}), k ≥ ℓ/4, against ρ: students (per depth) and the teachers."""
-    fig = plots.new_figure("Do distant updates share a direction?", "teacher layer correlation ρ",
-                           "mean cos(Δh_l, Δh_l+k), k ≥ ℓ/4 (middle blocks)")
-    stu = summary[summary["net"] == "student"]
-    for i, (d, g) in enumerate(stu.groupby("depth")):
-        g = g.groupby("rho", as_index=False)["long_lag_cos"].mean()
-        fig.add_trace(go.Scatter(x=g["rho"], y=g["long_lag_cos"], mode="lines+markers",
-                                 line=dict(color=plots.color(i)), name=f"student ℓ = {d:g} (mean over T)"))
-    tea = summary[summary["net"] == "teacher"].groupby("rho", as_index=False)["long_lag_cos"].mean()
-    fig.add_trace(go.Scatter(x=tea["rho"], y=tea["long_lag_cos"], mode="markers", name="teacher (ℓ* blocks)",
-                             marker=dict(symbol="x", size=12, color="#000")))
+    fig = _students_and_teachers_vs_rho(summary, "long_lag_cos", "Do distant updates share a direction?",
+                                        "mean cos(Δh_l, Δh_l+k), k ≥ ℓ/4 (middle blocks)")
     fig.add_hline(y=0, line=dict(color="#999", dash="dot"), annotation_text="0: no shared direction (ensemble)",
                   annotation_position="top left")
     fig.update_yaxes(range=[-0.15, 1.05])
