@@ -18,7 +18,7 @@ every run is cached and resumable, so a step cut off by its limit continues next
 with ``python -m depthlib.results commit <folder>``) and a summary of every step to ``OUT/gpu_session.json``.
 
     python benchmarks/gpu_session.py --out "$OUT" [--budget 570] [--only toy-speed ...] [--dry-run]
-    python benchmarks/gpu_session.py --device cpu --profile smoke --out /tmp/x   # the same chain, in seconds
+    python benchmarks/gpu_session.py --device cpu --profile smoke --out smoke_out   # the same chain, in seconds
 """
 from __future__ import annotations
 
