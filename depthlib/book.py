@@ -258,6 +258,9 @@ def refresh_committed(only: list[str] | None = None) -> list[Path]:
         execute_notebook(path, path, parameters=None)
         nb = _read_nb(path)
         emptied = strip_ignored_outputs(nb)
+        # papermill records this machine's absolute input/output paths: not for the repository
+        for key in ("input_path", "output_path"):
+            nb.get("metadata", {}).get("papermill", {}).pop(key, None)
         _write_nb(path, nb)
         print(f"[depthlib book] {path.name}: outputs of {emptied} nbval-ignore-output cell(s) stripped",
               file=sys.stderr)

@@ -171,3 +171,13 @@ def test_book_command_has_rerun():
     args = cli.build_parser().parse_args(["book", "--profile", "smoke", "--rerun"])
     assert args.rerun is True and args.profile == "smoke"
     assert cli.build_parser().parse_args(["book"]).rerun is False
+
+
+def test_committed_notebooks_hold_no_machine_paths():
+    """The committed notebooks carry no absolute path of the machine that executed them (papermill records its
+    input/output paths; ``depthlib.book refresh`` drops them)."""
+    import json
+    from pathlib import Path
+    for path in sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb")):
+        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {}).get("papermill", {})
+        assert not {"input_path", "output_path"} & set(meta), path.name
