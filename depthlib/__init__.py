@@ -22,7 +22,9 @@ Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 
 Every chapter package has a ``chapter`` module with the same names: ``PROFILES`` (smoke | cpu | paper),
 ``chapter_run`` (the run its notebook shows, found by :func:`depthlib.results.chapter_run`) and ``replay``
-(recompute a cheap prefix of a run with the current code).
+(recompute a cheap prefix of a run with the current code). A chapter whose run splits into independent units of
+work has a ``shards`` module (toy, probes, tracing; the depth series trains one member per unit itself): the same run
+as jobs of an executor, merged into the one-process run's cache key.
 """
 from depthlib.errors import InputError
 

@@ -85,7 +85,7 @@ def _add_executor(p) -> None:
 
 def _executor_config(args):
     from depthlib.executors import ExecutorConfig
-    return ExecutorConfig(args.executor, jobs=args.jobs, threads=args.threads, cluster=args.cluster,
+    return ExecutorConfig(args.executor, jobs=args.jobs, threads=getattr(args, "threads", None), cluster=args.cluster,
                           partition=args.partition, gpus_per_job=args.gpus_per_job, time_min=args.time,
                           array_parallelism=args.array_parallelism).validate()
 
@@ -286,8 +286,12 @@ def _add_probe(sub) -> None:
     p.add_argument("--lens-tokens", type=int, default=16, metavar="K",
                    help="tokens per document scored by the lenses (0: all, as the paper; default 16)")
     p.add_argument("--lens-docs", type=int, default=None, metavar="N", help="only the first N documents get lenses")
-    p.add_argument("--seed", type=int, default=0, help="seed of the token reservoir and lens sampling (>= 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the token sample and lens sampling (>= 0)")
     _add_force(p)
+    _add_executor(p)
+    p.add_argument("--shards", type=int, default=None, metavar="N",
+                   help="with --executor joblib|submitit: probe the documents as N shards, merged into one run "
+                        "(default: --jobs)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=_cmd_probe, saves=None)
 
@@ -307,7 +311,16 @@ def _cmd_probe(args) -> dict[str, Any]:
     folder = results.open_run(probes.experiment_name(args.model),
                               probes.probe_key(args.model, args.corpus, args.docs, cfg.validate())).path
     args.save_dir, args.saves = folder, f"finished documents are checkpointed in {folder} (every 4 batches)"
-    run = probes.run_probe(args.model, args.corpus, args.docs, cfg, progress=True, force=args.force)
+    executor = _executor_config(args)
+    if executor.kind == "serial":
+        run = probes.run_probe(args.model, args.corpus, args.docs, cfg, progress=True, force=args.force)
+    else:
+        if args.force:
+            raise InputError("--force works with --executor serial only")
+        from depthlib.probes import shards
+        n_shards = validate.int_in_range("--shards", args.shards if args.shards is not None else executor.jobs, 1)
+        args.saves = f"finished shards and their checkpoints are under {folder.parent.parent / probes.SHARD_EXPERIMENT}"
+        run = shards.run_sharded(args.model, args.corpus, args.docs, cfg, executor, n_shards)
     out = dict(run.manifest["summary"])
     for key in ("probe_seconds", "vocab_size"):
         out.pop(key, None)
@@ -322,11 +335,11 @@ def _cmd_probe(args) -> dict[str, Any]:
 
 # ---- trace (issue 5) -------------------------------------------------------------------------------
 def _add_trace(sub) -> None:
-    p = sub.add_parser("trace", help="ROME-style causal trace of one fact (paper §6, Fig. 6)")
-    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+    p = sub.add_parser("trace", help="ROME-style causal trace of one fact (paper §6, Fig. 6), or chapter 4's whole run")
+    p.add_argument("--model", default=None, metavar="NAME_OR_PATH",
                    help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id")
-    p.add_argument("--prompt", required=True, metavar="TEXT", help="e.g. 'The Space Needle is in downtown'")
-    p.add_argument("--subject", required=True, metavar="TEXT", help="the subject inside the prompt, e.g. 'Space Needle'")
+    p.add_argument("--prompt", default=None, metavar="TEXT", help="e.g. 'The Space Needle is in downtown'")
+    p.add_argument("--subject", default=None, metavar="TEXT", help="the subject inside the prompt, e.g. 'Space Needle'")
     p.add_argument("--target", default=None, metavar="TEXT",
                    help="the continuation to score, e.g. ' Seattle' (default: the model's top-1 token)")
     p.add_argument("--kind", choices=("block", "mlp", "attn"), default="block",
@@ -341,11 +354,47 @@ def _add_trace(sub) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     _add_force(p, "a single trace is never cached (seconds), so it is computed afresh anyway")
+    p.add_argument("--profile", choices=PROFILES, default=None,
+                   help="instead of one fact: chapter 4's run of this profile (its models, prompts and fact set; "
+                        "--model adds a model), cached in the results cache")
+    _add_executor(p)
+    p.add_argument("--shards", type=int, default=None, metavar="N",
+                   help="with --profile and --executor joblib|submitit: each model's facts in N slices (default: --jobs)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=_cmd_trace, saves=None)
 
 
+def _cmd_trace_chapter(args) -> dict[str, Any]:
+    """``depthlib trace --profile P``: the chapter run, in this process or as jobs of --executor."""
+    from depthlib import results, validate
+    from depthlib.tracing import chapter, shards
+    given = [f"--{k}" for k in ("prompt", "subject", "target") if getattr(args, k) is not None]
+    if given:
+        raise InputError(f"--profile traces the chapter's prompts and fact set; drop {', '.join(given)}")
+    validate.resolve_device(args.device)
+    extra = [args.model] if args.model and args.model not in chapter.PROFILES[args.profile].models else []
+    executor = _executor_config(args)
+    folder = results.open_run(chapter.EXPERIMENT, chapter.chapter_config(args.profile, extra)).path
+    args.save_dir, args.saves = folder, f"finished models are kept in {folder}"
+    if executor.kind == "serial":
+        run = chapter.compute_chapter(args.profile, extra_models=extra, device=args.device, progress=True)
+    else:
+        n = validate.int_in_range("--shards", args.shards if args.shards is not None else executor.jobs, 1)
+        args.saves = f"finished shards are under {folder.parent.parent / shards.SHARD_EXPERIMENT}"
+        run = shards.run_sharded(args.profile, executor, extra_models=extra, device=args.device, fact_shards=n)
+    facts = chapter.chapter_tables(run)["facts"]
+    return {"profile": args.profile, "meaningful": args.profile != "smoke", "models": run.config["models"],
+            "facts_traced": {m: int(g["fact_id"].nunique()) for m, g in facts.groupby("model")} if len(facts) else {},
+            "executor": run.manifest.get("executor", "serial"), "wall_time_s": run.manifest.get("wall_time_s"),
+            "run": str(run.path)}
+
+
 def _cmd_trace(args) -> dict[str, Any]:
+    if args.profile is not None:
+        return _cmd_trace_chapter(args)
+    missing = [f"--{k}" for k in ("model", "prompt", "subject") if getattr(args, k) is None]
+    if missing:
+        raise InputError(f"trace needs {', '.join(missing)} (or --profile for the chapter's whole run)")
     if args.samples < 1:
         raise InputError(f"--samples must be >= 1, got {args.samples}")
     if args.window is not None and args.window < 1:
@@ -423,6 +472,7 @@ def _add_lm_depth(sub) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda for paper where present, else cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     _add_force(p)
+    _add_executor(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=_cmd_lm_depth, saves=None)
 
@@ -442,7 +492,10 @@ def _cmd_lm_depth(args) -> dict[str, Any]:
     args.save_dir, args.saves = folder, (f"finished models and the current model's last checkpoint (every "
                                          f"{cfg.train.eval_every} steps) are in {folder}")
     before = None if args.force else _finished_at(folder)
-    run = chapter.train(cfg, device, force=args.force, progress=True)
+    executor = _executor_config(args)
+    if executor.kind != "serial":
+        args.saves += "; with --executor, each (depth, seed) is one job"
+    run = chapter.train(cfg, device, force=args.force, progress=True, executor=executor)
     cached = before is not None and run.manifest.get("created") == before
     if cached:
         print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)

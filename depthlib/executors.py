@@ -124,22 +124,47 @@ def _guarded(unit: Unit, threads: int, env: dict, log_dir: str) -> Outcome:
                        wall_s=time.perf_counter() - t0)
 
 
+def _bar(units: list[Unit], cfg: ExecutorConfig):
+    """One progress bar over the units (a unit's own progress is in its log or its run folder)."""
+    import sys
+
+    from tqdm.auto import tqdm
+    return tqdm(total=len(units), desc=f"{cfg.kind} units", unit="unit", file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 30)
+
+
 def run_units(units: list[Unit], cfg: ExecutorConfig = ExecutorConfig()) -> list[Outcome]:
     """Run ``units`` with the chosen executor and return one :class:`Outcome` per unit, in order."""
     cfg.validate()
     if not units:
         return []
     threads, env, logs = cfg.unit_threads(len(units)), _env(), _logs_dir(cfg)
-    if cfg.kind == "serial":
-        return [_guarded(u, threads, env, str(logs)) for u in units]
-    if cfg.kind == "joblib":
-        from joblib import Parallel, delayed
-        return list(Parallel(n_jobs=min(cfg.jobs, len(units)), backend="loky")(
-            delayed(_guarded)(u, threads, env, str(logs)) for u in units))
-    return _run_submitit(units, cfg, threads, env, logs)
+    with _bar(units, cfg) as bar:
+        if cfg.kind == "serial":
+            out = []
+            for u in units:
+                out.append(_guarded(u, threads, env, str(logs)))
+                bar.update()
+            return out
+        if cfg.kind == "joblib":
+            from joblib import Parallel, delayed
+            done: dict[int, Outcome] = {}
+            # idle workers pull the next unit; results arrive as units finish (the bar moves), put back in order
+            for i, outcome in Parallel(n_jobs=min(cfg.jobs, len(units)), backend="loky", batch_size=1,
+                                       return_as="generator_unordered")(
+                    delayed(_indexed)(i, u, threads, env, str(logs)) for i, u in enumerate(units)):
+                done[i] = outcome
+                bar.update()
+            return [done[i] for i in range(len(units))]
+        return _run_submitit(units, cfg, threads, env, logs, bar)
 
 
-def _run_submitit(units: list[Unit], cfg: ExecutorConfig, threads: int, env: dict, logs: Path) -> list[Outcome]:
+def _indexed(i: int, unit: Unit, threads: int, env: dict, log_dir: str) -> tuple[int, Outcome]:
+    return i, _guarded(unit, threads, env, log_dir)
+
+
+def _run_submitit(units: list[Unit], cfg: ExecutorConfig, threads: int, env: dict, logs: Path,
+                  bar) -> list[Outcome]:
     import submitit
     from submitit.helpers import Checkpointable
 
@@ -161,16 +186,31 @@ def _run_submitit(units: list[Unit], cfg: ExecutorConfig, threads: int, env: dic
     executor.update_parameters(**params)
     t0 = time.perf_counter()
     jobs = executor.submit_array([Requeued(u) for u in units])     # one SLURM array (one job per unit elsewhere)
-    out = []
-    for unit, job in zip(units, jobs):
-        try:
-            run = job.result()
-            out.append(Outcome(unit.label, True, run=run, log=str(job.paths.stdout), wall_s=time.perf_counter() - t0))
-        except Exception as err:  # noqa: BLE001
-            message = str(err).strip().splitlines()
-            out.append(Outcome(unit.label, False, error=message[-1] if message else type(err).__name__,
-                               log=str(job.paths.stderr), wall_s=time.perf_counter() - t0))
-    return out
+    out: dict[int, Outcome] = {}
+    poll_s = 1.0 if cfg.cluster in ("local", "debug") else 15.0     # SLURM: do not hammer the scheduler
+    while len(out) < len(units):
+        for i, (unit, job) in enumerate(zip(units, jobs)):
+            if i in out or not _finished(job):
+                continue
+            try:
+                out[i] = Outcome(unit.label, True, run=job.result(), log=str(job.paths.stdout),
+                                 wall_s=time.perf_counter() - t0)
+            except Exception as err:  # noqa: BLE001
+                message = str(err).strip().splitlines()
+                out[i] = Outcome(unit.label, False, error=message[-1] if message else type(err).__name__,
+                                 log=str(job.paths.stderr), wall_s=time.perf_counter() - t0)
+            bar.update()
+        if len(out) < len(units):
+            time.sleep(poll_s)
+    return [out[i] for i in range(len(units))]
+
+
+def _finished(job) -> bool:
+    """Whether a submitit job has ended (a debug job runs here, inside ``done``, and may raise there)."""
+    try:
+        return job.done()
+    except Exception:  # noqa: BLE001 - its result() raises the same error, which becomes the Outcome
+        return True
 
 
 def failures(outcomes: list[Outcome]) -> str | None:

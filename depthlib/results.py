@@ -189,6 +189,12 @@ def _atomic_write(final: Path, write: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def atomic_torch_save(path: Path, state: dict) -> None:
+    """``torch.save`` a checkpoint atomically: a crash leaves the previous checkpoint, never a truncated one."""
+    import torch
+    _atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
+
+
 # ---- one run ----------------------------------------------------------------------------------------------
 @dataclass
 class Run:

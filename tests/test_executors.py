@@ -97,3 +97,93 @@ def test_cli_runs_shards_and_the_calibration_pair_on_workers(cache, capsys):
     assert cli.main(["toy", "--calibration", "both", "--executor", "joblib", "--threads", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["runs"]) == {"tied", "independent"} and out["alpha"][0]["teacher"] == "tied"
+
+
+# ---- probes: document shards merge into one pass ------------------------------------------------------------------
+PROBE_TEXTS = [f"Document {i}: " + "the residual stream moves a little at every layer, " * (1 + i % 4) for i in range(9)]
+
+
+@pytest.fixture()
+def probe_setup(cache):
+    """A tiny Llama saved as a Hugging Face folder with its tokenizer, and a 9-document text corpus."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(PROBE_TEXTS * 4, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=4,
+                                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                         max_position_embeddings=64))
+    folder = cache / "tiny-llama"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    corpus = cache / "corpus.txt"
+    corpus.write_text("\n\n".join(PROBE_TEXTS))
+    from depthlib.probes import ProbeConfig
+    cfg = ProbeConfig(max_length=24, batch_size=2, lens_tokens_per_doc=3, lens_docs=5, reservoir_size=40,
+                      histogram_bins=30)
+    return str(folder), str(corpus), cfg
+
+
+@pytest.mark.parametrize("kind,cluster", [("serial", "auto"), ("joblib", "auto"), ("submitit", "local"),
+                                          ("submitit", "debug")])
+def test_sharded_probe_equals_one_pass(probe_setup, kind, cluster):
+    import numpy as np
+    import torch
+
+    from depthlib import probes
+    from depthlib.probes import shards as probe_shards
+    model, corpus, cfg = probe_setup
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)                                # like the shards: fp32 sums differ across thread counts
+    try:
+        one = probes.run_probe(model, corpus, 9, cfg, progress=False)
+    finally:
+        torch.set_num_threads(before)
+    tables = {name: one.table(name) for name in probes.TABLES}
+    summary = one.manifest["summary"]
+    import shutil
+    shutil.rmtree(one.path)
+    ex = executors.ExecutorConfig(kind, jobs=2, threads=1, cluster=cluster)
+    merged = probe_shards.run_sharded(model, corpus, 9, cfg, ex, n_shards=3)
+    assert merged.path == one.path and merged.manifest["executor"] == kind and len(merged.manifest["shards"]) == 3
+    assert len(tables["tokens"]) == 40 < summary["n_tokens"]                    # the sample had to choose
+    for name in ("histograms", "tokens", "docs"):
+        pd.testing.assert_frame_equal(merged.table(name), tables[name], check_exact=True, obj=name)
+    pd.testing.assert_frame_equal(merged.table("layers"), tables["layers"], check_exact=False, rtol=1e-12, atol=0)
+    ms = merged.manifest["summary"]
+    assert ms["n_tokens"] == summary["n_tokens"] and ms["n_docs"] == 9
+    np.testing.assert_allclose(ms["theta_by_layer"], summary["theta_by_layer"], rtol=1e-12)
+
+
+def test_probe_shard_ranges_cover_the_documents_in_whole_batches():
+    from depthlib.probes.shards import shard_ranges
+    assert shard_ranges(9, 3, 2) == [(0, 4), (4, 6), (6, 9)]          # 5 batches: 2, 1, 2
+    assert shard_ranges(128, 2, 8) == [(0, 64), (64, 128)]
+    assert shard_ranges(3, 8, 1) == [(0, 1), (1, 2), (2, 3)]
+    with pytest.raises(InputError, match="--shards must be >= 1"):
+        shard_ranges(9, 0)
+
+
+def test_cli_probe_and_trace_take_an_executor(probe_setup, capsys):
+    model, corpus, _ = probe_setup
+    assert cli.main(["probe", "--model", model, "--corpus", corpus, "--docs", "4", "--max-length", "16",
+                     "--batch-size", "2", "--executor", "joblib", "--jobs", "2", "--shards", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    manifest = results.Run("probes", {}, Path(out["results"])).manifest
+    assert manifest["executor"] == "joblib" and len(manifest["shards"]) == 2 and out["n_docs"] == 4
+    for args, message in [(["probe", "--model", model, "--corpus", corpus, "--executor", "joblib", "--shards", "0"],
+                           "--shards must be >= 1"),
+                          (["probe", "--model", model, "--corpus", corpus, "--executor", "joblib", "--force"],
+                           "--force works with --executor serial only"),
+                          (["trace", "--profile", "smoke", "--prompt", "x"], "drop --prompt"),
+                          (["trace", "--prompt", "The Space Needle is in"], "trace needs --model, --subject"),
+                          (["lm-depth", "--executor", "joblib", "--jobs", "0"], "--jobs must be >= 1")]:
+        assert cli.main(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (args, err)

@@ -264,6 +264,20 @@ def test_an_interrupted_series_resumes_to_the_same_tables(tiny_run, tmp_path, mo
         pd.testing.assert_frame_equal(again.table(name), run.table(name), check_exact=True)
 
 
+@pytest.mark.parametrize("kind,cluster", [("joblib", "auto"), ("submitit", "local")])
+def test_members_as_executor_units_give_the_serial_tables(tiny_run, tmp_path, monkeypatch, kind, cluster):
+    """Issue 14: one job per depth (2 joblib workers, or submitit subprocess jobs) trains the same series."""
+    from depthlib import executors
+    run, _ = tiny_run
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    again = series.run_series(TINY, progress=False,
+                              executor=executors.ExecutorConfig(kind, jobs=2, threads=1, cluster=cluster))
+    assert again.manifest["executor"] == kind and again.key == run.key
+    for name in ("curves", "doc_losses", "probe_layers", "probe_summary", "clusters", "fit", "fit_bootstrap"):
+        pd.testing.assert_frame_equal(again.table(name), run.table(name), check_exact=True, obj=name)
+
+
 def test_replay_reproduces_the_first_evaluation(tiny_run):
     run, cache = tiny_run
     os.environ["DEPTHLIB_CACHE_DIR"] = cache

@@ -270,19 +270,42 @@ def test_probe_documents_aggregates_equal_per_document_metrics(tokenizer):
     assert len(summary["theta_by_layer"]) == 4 and 0 < summary["theta_middle_mean"] < np.pi
 
 
-def test_reservoir_is_bounded_and_uniform():
-    from depthlib.probes.stream import _Reservoir
+def test_sample_is_bounded_uniform_and_independent_of_batching():
+    """The bottom-k sample keeps the `size` smallest keyed tokens: uniform, and the same however the stream is cut."""
+    from depthlib.probes.stream import SAMPLE_STREAM, _Reservoir, token_keys
     counts = np.zeros(200)
     for seed in range(300):
-        r = _Reservoir(20, 1, seed)
-        for start in range(0, 200, 37):  # uneven batches
-            idx = np.arange(start, min(start + 37, 200))
-            r.add(idx[:, None].astype(np.float32), np.stack([idx, idx, idx], 1))
-        values, meta = r.table()
-        assert len(values) == 20 and len(set(meta[:, 0])) == 20
-        counts[meta[:, 0]] += 1
+        keys = token_keys(seed, 0, SAMPLE_STREAM, 200)
+        kept = []
+        for step in (37, 200):                                       # uneven batches, then one batch
+            r = _Reservoir(20, 1)
+            for start in range(0, 200, step):
+                idx = np.arange(start, min(start + step, 200))
+                r.add(idx[:, None].astype(np.float32), np.stack([np.zeros_like(idx), idx, idx], 1), keys[idx])
+            values, meta, _ = r.table()
+            assert len(values) == 20 and len(set(meta[:, 1])) == 20
+            kept.append(sorted(meta[:, 1]))
+        assert kept[0] == kept[1]
+        counts[kept[0]] += 1
     # every item kept with probability 20/200 = 0.1: 30 of 300 on average
     assert counts[:100].mean() == pytest.approx(30, rel=0.15) and counts[100:].mean() == pytest.approx(30, rel=0.15)
+    # a key is a pure function of (seed, document, position): a longer draw extends the same sequence
+    np.testing.assert_array_equal(token_keys(3, 7, SAMPLE_STREAM, 50), token_keys(3, 7, SAMPLE_STREAM, 80)[:50])
+
+
+def test_probe_numbers_do_not_depend_on_the_batch_size(tokenizer):
+    from depthlib.probes.stream import ProbeConfig, probe_documents
+    model = _vocab_model(tokenizer)
+    runs = [probe_documents(model, tokenizer, TEXTS, ProbeConfig(max_length=24, batch_size=b, dtype="float32",
+                                                                 lens_tokens_per_doc=2, lens_docs=3,
+                                                                 reservoir_size=9, histogram_bins=30),
+                            progress=False) for b in (1, 4)]
+    pd.testing.assert_frame_equal(runs[0].tokens, runs[1].tokens, check_exact=True)
+    pd.testing.assert_frame_equal(runs[0].histograms, runs[1].histograms, check_exact=True)
+    pd.testing.assert_frame_equal(runs[0].layers, runs[1].layers, rtol=1e-6)   # fp32 forwards of other shapes
+    lens = runs[0].layers[runs[0].layers.metric == "ce_logit"]
+    n_valid = runs[0].docs["n_valid"].to_numpy()
+    assert (lens["count"] == np.minimum(n_valid[:3], 2).sum()).all()   # ≤ 2 tokens of each of the first 3 documents
 
 
 # ---- trajectories ---------------------------------------------------------------------------------

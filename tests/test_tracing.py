@@ -445,3 +445,38 @@ def test_zero_noise_warns(tok):
     model = tiny.model("llama", len(tok), layers=2)
     with pytest.warns(UserWarning, match="corrupts nothing"):
         tracing.noise_sigma(model, tok, 0.0)
+
+
+# ---- issue 14: the chapter run as jobs of an executor ------------------------------------------------------------
+@pytest.mark.parametrize("kind,cluster", [("serial", "auto"), ("joblib", "auto"), ("submitit", "local"),
+                                          ("submitit", "debug")])
+def test_sharded_chapter_run_equals_one_process(tok, tmp_path, monkeypatch, kind, cluster):
+    """Prompts per model, then the fact set in slices, as units of each executor: the one-process tables, bit for
+    bit (both on one torch thread)."""
+    import shutil
+
+    import pandas as pd
+
+    from depthlib import executors
+    from depthlib.tracing import chapter, shards
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(tmp_path / "committed"))
+    name = _knowing_model(tok, tmp_path / "tiny")
+    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.ChapterProfile("smoke", (name,), 1, ("block",), 2,
+                                                                          n_facts=2, n_check=12))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = chapter.compute_chapter("smoke")
+    finally:
+        torch.set_num_threads(before)
+    tables = {t: one.table(t) for t in one.tables()}
+    from depthlib.tracing.facts import safe_name
+    assert len(tables[f"facts_{safe_name(name)}"]["fact_id"].unique()) == 2         # the two known: two slices
+    shutil.rmtree(one.path)
+    merged = shards.run_sharded("smoke", executors.ExecutorConfig(kind, jobs=2, threads=1, cluster=cluster),
+                                fact_shards=2)
+    assert merged.path == one.path and merged.manifest["executor"] == kind and len(merged.manifest["shards"]) == 3
+    assert sorted(merged.tables()) == sorted(tables)
+    for t, table in tables.items():
+        pd.testing.assert_frame_equal(merged.table(t), table, check_exact=True, obj=t)

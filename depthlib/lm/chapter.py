@@ -55,12 +55,14 @@ def default_device(profile: str) -> str:
     return "cpu"
 
 
-def train(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, progress: bool = True) -> results.Run:
-    """Train (or resume, or load) a series; temporary files a crash left in its folder are removed first."""
+def train(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
+          executor=None) -> results.Run:
+    """Train (or resume, or load) a series; temporary files a crash left in its folder are removed first. With an
+    :class:`depthlib.executors.ExecutorConfig`, each member still to train is one unit (job) of it."""
     run = open_series_run(cfg)
     results.remove_stray_tmp(run.path)
     try:
-        return run_series(cfg, device, progress=progress, force=force)
+        return run_series(cfg, device, progress=progress, force=force, executor=executor)
     finally:
         results.remove_stray_tmp(run.path)
 

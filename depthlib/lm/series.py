@@ -246,9 +246,65 @@ def _progress(cfg: SeriesConfig, todo: list[tuple[int, int]], vocab: int, enable
     return bar, per_step
 
 
+def _train_and_store(cfg: SeriesConfig, run: results.Run, store: results.Run, depth: int, seed: int, tok,
+                     data: TokenData, pieces, dev: str, ceiling: float, on_step=None) -> None:
+    """Train member (depth, seed), save it, probe it and write its tables to ``store`` (its ``_model`` table last:
+    a member counts as finished once that exists)."""
+    from depthlib.lm.throughput import achieved
+    name = unit_name(depth, seed)
+    ckpt = store.path / f"checkpoint_{name}.pt"
+    rec = train_unit(cfg, depth, seed, tok, data, pieces, dev, checkpoint=ckpt, on_step=on_step)
+    model = rec.pop("model")
+    folder = save_model(model, tok, model_dir(run, depth, seed))
+    t0 = time.perf_counter()
+    final = probe_tables(model, tok, pieces, cfg, dev, depth=depth, seed=seed, step=cfg.train.steps, lenses=True)
+    probe_s = time.perf_counter() - t0
+    key = {"depth": depth, "seed": seed}
+    store.write_table(f"{name}_curve", rec["curve"].assign(**key))
+    store.write_table(f"{name}_docs", rec["doc_losses"].assign(**key))
+    for table in ("probe_layers", "probe_docs", "probe_summary", "clusters"):
+        parts = [t for t in (rec["extra"].get(table), final.get(table)) if t is not None]
+        if parts:
+            store.write_table(f"{name}_{table}", pd.concat(parts, ignore_index=True))
+    curve = rec["curve"]
+    tokens = cfg.tokens_per_model()
+    speed = achieved(flops_per_token(cfg.model, depth, len(tok)) * tokens, rec["seconds"], ceiling)
+    store.write_table(f"{name}_model", pd.DataFrame([{
+        **key, **parameter_counts(model), "tokens_seen": tokens, "steps": cfg.train.steps,
+        "final_train_loss": float(curve["train_loss"].iloc[-1]), "final_val_loss": float(curve["val_loss"].iloc[-1]),
+        "train_seconds": rec["seconds"], "eval_seconds": rec["eval_seconds"], "probe_seconds": probe_s,
+        "tokens_per_s": tokens / max(rec["seconds"], 1e-12), "flop": flops_per_token(cfg.model, depth, len(tok)) * tokens,
+        **speed, "folder": str(folder)}]))
+    ckpt.unlink(missing_ok=True)
+
+
+def _store(run: results.Run) -> results.Run:
+    """Where a series keeps its members' tables, tokenizer and checkpoints."""
+    return results.Run(EXPERIMENT, run.config, run.path / UNITS)
+
+
+def train_member(config: dict, depth: int, seed: int, device: str = "cpu") -> str:
+    """Train (or resume, or skip) one member of a series in its run's folder; returns the folder. Module-level so
+    that executors can run members as separate jobs (issue 14); the series' tokenizer must exist (run_series
+    trains it before it dispatches members)."""
+    from depthlib.lm.throughput import matmul_ceiling
+    cfg = SeriesConfig.from_dict(config).validate()
+    dev = str(resolve_device(device))
+    run = open_series_run(cfg)
+    store = _store(run)
+    if not store.has(f"{unit_name(depth, seed)}_model"):
+        tok, data, _, pieces = prepare_data(cfg, store)
+        _train_and_store(cfg, run, store, depth, seed, tok, data, pieces, dev, matmul_ceiling(dev))
+    return str(run.path)
+
+
 def run_series(cfg: SeriesConfig, device: str = "cpu", *, progress: bool = True, force: bool = False,
-               root: Path | None = None, stop_after_units: int | None = None) -> results.Run | None:
-    """Train (or resume, or load) a depth series; returns the complete run (None if ``stop_after_units`` stopped it)."""
+               root: Path | None = None, stop_after_units: int | None = None, executor=None) -> results.Run | None:
+    """Train (or resume, or load) a depth series; returns the complete run (None if ``stop_after_units`` stopped it).
+
+    With an :class:`depthlib.executors.ExecutorConfig` other than serial, the members still to train are units of
+    that executor (one job per (depth, seed)); a failed member raises one :class:`InputError` line naming its log,
+    and the finished members stay in the run folder."""
     from depthlib.lm.throughput import achieved, matmul_ceiling
     cfg.validate()
     dev = str(resolve_device(device))
@@ -257,49 +313,34 @@ def run_series(cfg: SeriesConfig, device: str = "cpu", *, progress: bool = True,
     if run.complete:
         return run
     t_start, before = time.perf_counter(), run.elapsed_before()
-    store = results.Run(EXPERIMENT, run.config, run.path / UNITS)
+    store = _store(run)
     tok, data, held, pieces = prepare_data(cfg, store)
-    ceiling = matmul_ceiling(dev)
     todo = [(d, s) for d, s in cfg.units() if not store.has(f"{unit_name(d, s)}_model")]
+    if executor is not None and executor.kind != "serial" and todo:
+        if root is not None:
+            raise InputError("a depth series on an executor uses the results cache (no root folder)")
+        from depthlib import executors
+        deepest_first = sorted(todo, key=lambda u: -u[0])      # the costliest jobs first: workers finish together
+        units = [executors.Unit(f"lm-depth-{run.key}-{unit_name(d, s)}", "depthlib.lm.series:train_member",
+                                dict(config=cfg.to_dict(), depth=d, seed=s, device=dev)) for d, s in deepest_first]
+        problem = executors.failures(executors.run_units(units, executor))
+        if problem:
+            raise InputError(f"depth series {run.key}: {problem}; the finished members are kept, rerun to resume")
+        todo = []
+    ceiling = matmul_ceiling(dev)
     bar, per_step = _progress(cfg, todo, len(tok), progress)
     trained = 0
-    for depth, seed in cfg.units():
-        name = unit_name(depth, seed)
-        if store.has(f"{name}_model"):
-            continue
+    for depth, seed in todo:
         if stop_after_units is not None and trained >= stop_after_units:
             bar.close()
             return None
-        ckpt = store.path / f"checkpoint_{name}.pt"
         bar.set_postfix_str(f"depth {depth}, seed {seed}")
 
         def on_step(step, loss, d=depth, s=seed):
             bar.update(per_step[d])
             if step % 10 == 0:
                 bar.set_postfix_str(f"depth {d}, seed {s}, step {step}, loss {loss:.3f}")
-        rec = train_unit(cfg, depth, seed, tok, data, pieces, dev, checkpoint=ckpt, on_step=on_step)
-        model = rec.pop("model")
-        folder = save_model(model, tok, model_dir(run, depth, seed))
-        t0 = time.perf_counter()
-        final = probe_tables(model, tok, pieces, cfg, dev, depth=depth, seed=seed, step=cfg.train.steps, lenses=True)
-        probe_s = time.perf_counter() - t0
-        key = {"depth": depth, "seed": seed}
-        store.write_table(f"{name}_curve", rec["curve"].assign(**key))
-        store.write_table(f"{name}_docs", rec["doc_losses"].assign(**key))
-        for table in ("probe_layers", "probe_docs", "probe_summary", "clusters"):
-            parts = [t for t in (rec["extra"].get(table), final.get(table)) if t is not None]
-            if parts:
-                store.write_table(f"{name}_{table}", pd.concat(parts, ignore_index=True))
-        curve = rec["curve"]
-        tokens = cfg.tokens_per_model()
-        speed = achieved(flops_per_token(cfg.model, depth, len(tok)) * tokens, rec["seconds"], ceiling)
-        store.write_table(f"{name}_model", pd.DataFrame([{
-            **key, **parameter_counts(model), "tokens_seen": tokens, "steps": cfg.train.steps,
-            "final_train_loss": float(curve["train_loss"].iloc[-1]), "final_val_loss": float(curve["val_loss"].iloc[-1]),
-            "train_seconds": rec["seconds"], "eval_seconds": rec["eval_seconds"], "probe_seconds": probe_s,
-            "tokens_per_s": tokens / max(rec["seconds"], 1e-12), "flop": flops_per_token(cfg.model, depth, len(tok)) * tokens,
-            **speed, "folder": str(folder)}]))
-        ckpt.unlink(missing_ok=True)
+        _train_and_store(cfg, run, store, depth, seed, tok, data, pieces, dev, ceiling, on_step)
         run.record_elapsed(before + time.perf_counter() - t_start)
         trained += 1
     bar.close()
@@ -311,6 +352,7 @@ def run_series(cfg: SeriesConfig, device: str = "cpu", *, progress: bool = True,
     run.finish(profile=cfg.profile, seed=int(cfg.seeds[0]), wall_time_s=wall, device=dev, code=CODE,
                tokenizer=tokenizer_digest(tok), vocab_size=len(tok), train_tokens=data.train_tokens,
                n_train_windows=data.n_windows, held_out_documents=data.val_ids, n_probe_pieces=len(pieces),
+               executor=getattr(executor, "kind", "serial"),
                throughput={"train_seconds": float(models["train_seconds"].sum()),
                            "tokens_per_s": float(models["tokens_seen"].sum() / models["train_seconds"].sum()),
                            **achieved(float(models["flop"].sum()), float(models["train_seconds"].sum()), ceiling)},

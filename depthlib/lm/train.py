@@ -8,7 +8,6 @@ bit for bit what the uninterrupted run computes (on the same machine and thread 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthlib import results
 from depthlib.errors import InputError
 from depthlib.lm.corpus import TokenData, batch_windows
 from depthlib.validate import finite, int_in_range
@@ -115,15 +115,6 @@ def evaluate(model, data: TokenData, batch_size: int = 32) -> pd.DataFrame:
                          "loss": (nll / count.clamp(min=1)).numpy()})
 
 
-def _save(path: Path, state: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 #: ``on_eval(step, model) -> dict of extra tables`` is called at every evaluation step (e.g. to run the probes).
 EvalHook = Callable[[int, torch.nn.Module], dict]
 
@@ -167,7 +158,8 @@ def train_model(model, data: TokenData, cfg: TrainConfig, *, seed: int, checkpoi
 
     def save(step: int) -> None:
         if checkpoint is not None:
-            _save(Path(checkpoint), {**state, "step": step, "model": model.state_dict(), "optimizer": opt.state_dict()})
+            results.atomic_torch_save(Path(checkpoint), {**state, "step": step, "model": model.state_dict(),
+                                                        "optimizer": opt.state_dict()})
 
     model.train()
     if state["step"] == 0 and not state["curve"]:

@@ -6,6 +6,7 @@
 - :mod:`~depthlib.probes.stream`      bounded-memory streaming over a corpus -> tidy tables
 - :mod:`~depthlib.probes.trajectory`  PCA of angle trajectories, ideal trajectories, clusters, depth fit
 - :mod:`~depthlib.probes.chapter`     the chapter's profiles, the runs it shows, weight-noise sensitivity, replay
+- :mod:`~depthlib.probes.shards`      a probe run as document shards on an executor, merged into one pass's run
 
 Where blocks, embeddings, norms and heads live is :mod:`depthlib.models.arch`, shared with the causal tracer.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from depthlib import results
+from depthlib.errors import InputError
 from depthlib.probes.stream import ProbeConfig, ProbeResult, load_probed_model, probe_documents, summarize
 
 EXPERIMENT_PREFIX = "probes-"
@@ -96,28 +98,46 @@ def probe_key(model: str, corpus: str, n_docs: int, config: ProbeConfig) -> dict
     return key
 
 
+#: runs of document shards (:mod:`depthlib.probes.shards`) live apart from the runs a chapter shows
+SHARD_EXPERIMENT = "probe-shards"
+
+
+def open_probe_run(model: str, corpus: str, n_docs: int, config: ProbeConfig,
+                   doc_range: tuple[int, int] | None = None) -> results.Run:
+    """The cache entry of a probe run, or of the shard ``doc_range`` = (start, stop) of its documents."""
+    key = probe_key(model, corpus, n_docs, config)
+    if doc_range is None:
+        return results.open_run(experiment_name(model), key)
+    return results.open_run(SHARD_EXPERIMENT, {**key, "doc_range": [int(doc_range[0]), int(doc_range[1])]})
+
+
 def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeConfig | None = None, *,
-              profile: str = "custom", progress: bool = True, force: bool = False) -> results.Run:
+              profile: str = "custom", progress: bool = True, force: bool = False,
+              doc_range: tuple[int, int] | None = None) -> results.Run:
     """Probe ``model`` on ``n_docs`` documents of ``corpus``; cached in the results cache.
 
     Returns the :class:`depthlib.results.Run` (tables ``layers``, ``histograms``, ``tokens``, ``docs``
-    and a manifest with the summary). A finished run with the same settings is reused.
+    and a manifest with the summary). A finished run with the same settings is reused. With ``doc_range`` =
+    (start, stop), only documents start … stop−1 of the ``n_docs`` are probed (a shard, merged by
+    :func:`depthlib.probes.shards.merge`).
     """
     from depthlib import data
     cfg = (config or ProbeConfig()).validate()
-    key = probe_key(model, corpus, n_docs, cfg)
-    run = results.prepare_run(results.open_run(experiment_name(model), key), force=force, tables=TABLES,
+    start, stop = doc_range if doc_range is not None else (0, n_docs)
+    if not 0 <= start < stop <= n_docs:
+        raise InputError(f"document range {start}..{stop} is not inside the {n_docs} documents")
+    run = results.prepare_run(open_probe_run(model, corpus, n_docs, cfg, doc_range), force=force, tables=TABLES,
                               checkpoints=("checkpoint.pt",))   # a corrupt run is reported, deleted, recomputed
     if run.complete and all(run.has(t) for t in TABLES):
         note = " (computed by other code than the current one: use --force to recompute)" if run.stale else ""
         print(f"[depthlib] loaded a finished run from the cache: {run.path}{note}", file=sys.stderr)
         return run
     t0 = time.perf_counter()
-    docs = data.corpus(corpus, n_docs)
+    docs = data.corpus(corpus, n_docs)[start:stop]
     m, tok = load_probed_model(model, cfg)
     run.path.mkdir(parents=True, exist_ok=True)
     load_s = time.perf_counter() - t0
-    res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model,
+    res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model, doc_offset=start,
                           checkpoint=run.path / "checkpoint.pt")    # saves as it goes; a rerun resumes
     for name in TABLES:
         run.write_table(name, getattr(res, name))

@@ -128,6 +128,19 @@ def sensitivity_table(runs: dict[float, results.Run]) -> pd.DataFrame:
     return table
 
 
+def lens_precision(layers: pd.DataFrame, lens: str = "ce_logit") -> dict:
+    """How precise a run's lens curve is: tokens scored, the model's own loss (the lens at the last layer) with its
+    standard error, and the largest standard error over layers (per-token losses through early layers are
+    heavy-tailed, so a small token subsample leaves the early points loose)."""
+    t = layers[layers["metric"] == lens].sort_values("layer")
+    if t.empty or not (t["count"] > 1).all():
+        return {}
+    se = t["std"] / np.sqrt(t["count"])
+    return {"tokens": int(t["count"].iloc[-1]), "model_loss": float(t["mean"].iloc[-1]),
+            "model_loss_se": float(se.iloc[-1]), "max_se": float(se.max()),
+            "max_se_layer": int(t["layer"].iloc[int(se.argmax())])}
+
+
 def replay(run: results.Run, n_batches: int = 1) -> pd.DataFrame:
     """Probe the first ``n_batches`` batches of documents of a run again with the current code; returns each
     document's per-block mean angle, committed and recomputed (columns ``committed``, ``replayed``)."""

@@ -6,14 +6,20 @@ columns per token, 1.5–2.8 GB). Here only aggregates stream:
 * per (metric, layer): count, mean and standard deviation (float64 running sums);
 * per (angle metric, layer): a fixed-bin histogram over [0, π];
 * per (lens, layer): the mean next-token loss;
-* per token: the angle trajectory (θ_0 … θ_{L−1}) with doc id, position and token id, kept by
-  reservoir sampling up to ``reservoir_size`` tokens (for the PCA of §2.7).
+* per token: the angle trajectory (θ_0 … θ_{L−1}) with doc id, position and token id, a uniform sample of at
+  most ``reservoir_size`` tokens (for the PCA of §2.7).
 
 So memory is flat in the number of documents. Everything is returned as tidy pandas tables.
+
+Randomness is keyed, not sequential: every token gets uniform keys drawn from (seed, document index, position)
+(:func:`token_keys`). The lenses score the ``lens_tokens_per_doc`` valid tokens of a document with the smallest
+lens keys, and the sample keeps the ``reservoir_size`` tokens with the smallest sample keys (a bottom-k sample,
+uniform without replacement). So no number depends on the batch size or on which other documents share a pass,
+and a corpus probed as shards of documents (``doc_offset``) merges into exactly the tables of one pass
+(:mod:`depthlib.probes.shards`; sums to float round-off).
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,6 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthlib import results
 from depthlib.errors import InputError
 from depthlib.models.arch import arch_of
 from depthlib.probes.lenses import LENSES, MAX_LOGIT_ELEMENTS, lens_losses
@@ -124,31 +131,36 @@ class _Moments:
         return out
 
 
+#: independent key streams of one document (numpy SeedSequence words)
+LENS_STREAM, SAMPLE_STREAM = 0, 1
+
+
+def token_keys(seed: int, doc_index: int, stream: int, n: int) -> np.ndarray:
+    """(n,) uniform keys of positions 0 … n−1 of document ``doc_index`` in key ``stream``: a pure function of its
+    arguments (a longer n extends the same sequence), so a token's key does not depend on its batch."""
+    return np.random.default_rng([int(seed), int(doc_index), int(stream)]).random(n)
+
+
 class _Reservoir:
-    """Uniform sample of at most ``size`` rows from a stream (Vitter's algorithm R), seeded."""
+    """Bottom-k sample: the ``size`` rows with the smallest keys seen so far (ties by document, then position).
 
-    def __init__(self, size: int, width: int, seed: int):
-        self.size, self.seen = int(size), 0
-        self.values = np.zeros((self.size, width), dtype=np.float32)
-        self.meta = np.zeros((self.size, 3), dtype=np.int64)  # doc_index, position, token
-        self.rng = np.random.default_rng(seed)
+    With independent uniform keys this is a uniform sample without replacement; the union of several streams'
+    samples, cut to its ``size`` smallest keys, is the sample of the whole stream (how shards merge)."""
 
-    def add(self, values: np.ndarray, meta: np.ndarray) -> None:
-        n = values.shape[0]
-        index = self.seen + np.arange(n)
-        slots = np.where(index < self.size, index, self.rng.integers(0, index + 1))
-        keep = np.flatnonzero(slots < self.size)
-        # a later item overwrites an earlier one drawn to the same slot (sequential semantics)
-        slots_k = slots[keep]
-        _, last = np.unique(slots_k[::-1], return_index=True)
-        keep = keep[len(keep) - 1 - last]
-        self.values[slots[keep]] = values[keep]
-        self.meta[slots[keep]] = meta[keep]
-        self.seen += n
+    def __init__(self, size: int, width: int):
+        self.size = int(size)
+        self.values = np.zeros((0, width), dtype=np.float32)
+        self.meta = np.zeros((0, 3), dtype=np.int64)      # doc_index, position, token
+        self.keys = np.zeros(0)
 
-    def table(self) -> tuple[np.ndarray, np.ndarray]:
-        n = min(self.seen, self.size)
-        return self.values[:n], self.meta[:n]
+    def add(self, values: np.ndarray, meta: np.ndarray, keys: np.ndarray) -> None:
+        values, meta = np.concatenate([self.values, values]), np.concatenate([self.meta, meta])
+        keys = np.concatenate([self.keys, keys])
+        keep = np.lexsort((meta[:, 1], meta[:, 0], keys))[: self.size]
+        self.values, self.meta, self.keys = values[keep], meta[keep], keys[keep]
+
+    def table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.values, self.meta, self.keys
 
 
 def _release_freed_memory() -> None:
@@ -193,14 +205,12 @@ def load_probed_model(name: str, config: "ProbeConfig"):
     return perturb_weights(model, config.weight_noise, config.seed), tok
 
 
-def _save_state(path: Path, state: dict) -> None:
-    """Write a probe checkpoint atomically (a crash leaves the previous one)."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _key_matrix(seed: int, first: int, lengths: list[int], stream: int) -> np.ndarray:
+    """(B, max length) keys of a batch's documents first, first+1, … (inf beyond each document's length)."""
+    out = np.full((len(lengths), max(lengths, default=0)), np.inf)
+    for i, n in enumerate(lengths):
+        out[i, :n] = token_keys(seed, first + i, stream, n)
+    return out
 
 
 def _batches(items: Sequence, size: int) -> Iterable[tuple[int, Sequence]]:
@@ -210,12 +220,13 @@ def _batches(items: Sequence, size: int) -> Iterable[tuple[int, Sequence]]:
 
 @torch.no_grad()
 def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig | None = None,
-                    *, progress: bool = True, model_name: str | None = None,
+                    *, progress: bool = True, model_name: str | None = None, doc_offset: int = 0,
                     checkpoint: Path | None = None, checkpoint_every: int = 4) -> ProbeResult:
     """Stream documents through ``model`` and aggregate the metrics of §2.4 and the lenses of §2.5.
 
     ``documents`` are :class:`depthlib.data.Document` (or plain strings). Each is truncated to
-    ``config.max_length`` tokens; batches are right-padded to their longest document.
+    ``config.max_length`` tokens; batches are right-padded to their longest document. ``doc_offset`` is the index
+    of ``documents[0]`` in its corpus (a shard of documents: indices and keyed randomness are the corpus's).
     With ``checkpoint`` (a file path), the running statistics are saved every ``checkpoint_every`` batches and a
     later call with the same documents and config resumes after the last saved batch, with identical results.
     """
@@ -240,8 +251,7 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
     lens_moments = {lens: _Moments(L + 1 if lens == "logit" else L) for lens in LENSES}
     bins = cfg.histogram_bins
     hist = {m: np.zeros((widths[m], bins), dtype=np.int64) for m in ANGLE_METRICS}
-    reservoir = _Reservoir(cfg.reservoir_size, L, cfg.seed)
-    rng = torch.Generator().manual_seed(cfg.seed)
+    reservoir = _Reservoir(cfg.reservoir_size, L)
     doc_rows = []
     t_start = time.perf_counter()
 
@@ -249,7 +259,8 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
     bar = tqdm(total=len(docs), desc=f"probe {model_name or arch.name}",
                unit="doc", disable=not progress, file=sys.stderr)
     n_tokens, resume_at = 0, 0
-    fingerprint = {"config": asdict(cfg), "docs": [d for d, _ in docs]}
+    fingerprint = {"config": asdict(cfg), "docs": [d for d, _ in docs], "doc_offset": int(doc_offset),
+                   "sampling": "keyed"}
     if checkpoint is not None and Path(checkpoint).exists():
         try:
             state = torch.load(checkpoint, weights_only=False)
@@ -258,7 +269,6 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
         if state is not None and state["fingerprint"] == fingerprint:
             moments, lens_moments, hist, reservoir = (state[k] for k in ("moments", "lens_moments", "hist", "reservoir"))
             doc_rows, n_tokens, resume_at = state["doc_rows"], state["n_tokens"], state["next_start"]
-            rng.set_state(state["rng"])
             t_start -= state["seconds"]
     for i_batch, (start, batch) in enumerate(_batches(docs, cfg.batch_size)):
         if start < resume_at:
@@ -281,8 +291,12 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
             idx = (x / np.pi * bins).long().clamp_(0, bins - 1)
             flat = idx + torch.arange(x.shape[1], device=x.device) * bins
             hist[name] += torch.bincount(flat.flatten(), minlength=x.shape[1] * bins).view(-1, bins).cpu().numpy()
-        meta = np.stack([(m.row + start).cpu().numpy(), m.position.cpu().numpy(), m.token.cpu().numpy()], 1)
-        reservoir.add(m.theta.cpu().numpy(), meta)
+        first = doc_offset + start                                        # corpus index of batch[0]
+        lengths = mask.sum(1).tolist()
+        sample_keys = _key_matrix(cfg.seed, first, lengths, SAMPLE_STREAM)  # (B, T)
+        rows, pos = m.row.cpu().numpy(), m.position.cpu().numpy()
+        meta = np.stack([rows + first, pos, m.token.cpu().numpy()], 1)
+        reservoir.add(m.theta.cpu().numpy(), meta, sample_keys[rows, pos])
         valid = valid_mask(mask)
         n_valid = valid.sum(1).tolist()
         # per-document mean angle per block (replayable: a document's numbers do not depend on the others)
@@ -290,17 +304,20 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
         doc_theta.index_add_(0, m.row, m.theta.double())
         doc_theta = (doc_theta / torch.tensor(n_valid, device=doc_theta.device).clamp(min=1)[:, None]).cpu().numpy()
         for i, (doc_id, _) in enumerate(batch):
-            doc_rows.append(dict(doc_index=start + i, doc_id=doc_id, n_tokens=int(mask[i].sum()),
+            doc_rows.append(dict(doc_index=first + i, doc_id=doc_id, n_tokens=int(mask[i].sum()),
                                  n_valid=int(n_valid[i]), **{f"theta_{l}": doc_theta[i, l] for l in range(L)}))
         n_tokens += len(m)
-        if cfg.lenses and (cfg.lens_docs is None or start < cfg.lens_docs):
-            select = None
+        lensed = torch.ones(len(batch), dtype=torch.bool) if cfg.lens_docs is None else \
+            torch.arange(first, first + len(batch)) < cfg.lens_docs          # documents that get lenses
+        if cfg.lenses and bool(lensed.any()):
+            select = valid & lensed.to(valid.device)[:, None]
             if cfg.lens_tokens_per_doc is not None:
-                # up to k random valid tokens per document (seeded), ranked by random scores
-                scores = torch.rand(valid.shape, generator=rng).to(valid.device).masked_fill(~valid, 2.0)
+                # the k valid tokens of each document with the smallest lens keys
+                scores = torch.from_numpy(_key_matrix(cfg.seed, first, lengths, LENS_STREAM)).to(valid.device)
+                scores = scores.masked_fill(~valid, np.inf)
                 k = min(cfg.lens_tokens_per_doc, valid.shape[1])
                 chosen = scores.topk(k, dim=1, largest=False).indices
-                select = torch.zeros_like(valid).scatter_(1, chosen, True) & valid
+                select &= torch.zeros_like(valid).scatter_(1, chosen, True)
             out = lens_losses(tap, ids, mask, select=select, max_logit_elements=cfg.max_logit_elements)
             for lens in LENSES:
                 lens_moments[lens].add(out[lens])
@@ -309,9 +326,9 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
             _release_freed_memory()
         bar.update(len(batch))
         if checkpoint is not None and (i_batch + 1) % checkpoint_every == 0 and start + len(batch) < len(docs):
-            _save_state(Path(checkpoint), dict(
+            results.atomic_torch_save(Path(checkpoint), dict(
                 fingerprint=fingerprint, moments=moments, lens_moments=lens_moments, hist=hist, reservoir=reservoir,
-                doc_rows=doc_rows, n_tokens=n_tokens, next_start=start + len(batch), rng=rng.get_state(),
+                doc_rows=doc_rows, n_tokens=n_tokens, next_start=start + len(batch),
                 seconds=time.perf_counter() - t_start))
     bar.close()
 
@@ -327,10 +344,10 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
                                     count=int(hist[name][layer, b]))
                                for name in ANGLE_METRICS for layer in range(hist[name].shape[0])
                                for b in range(bins)])
-    values, meta = reservoir.table()
+    values, meta, keys = reservoir.table()
     doc_ids = np.array([d for d, _ in docs], dtype=object)
-    tokens = pd.DataFrame({"doc_index": meta[:, 0], "doc_id": doc_ids[meta[:, 0]] if len(meta) else [],
-                           "position": meta[:, 1], "token": meta[:, 2]})
+    tokens = pd.DataFrame({"doc_index": meta[:, 0], "doc_id": doc_ids[meta[:, 0] - doc_offset] if len(meta) else [],
+                           "position": meta[:, 1], "token": meta[:, 2], "sample_key": keys})
     tokens = pd.concat([tokens, pd.DataFrame(values, columns=[f"theta_{l}" for l in range(L)])], axis=1)
     tokens = tokens.sort_values(["doc_index", "position"]).reset_index(drop=True)
     info = dict(model=model_name or getattr(model.config, "_name_or_path", ""), architecture=arch.name,
@@ -356,6 +373,6 @@ def summarize(layers: pd.DataFrame, info: dict | None = None, digits: int = 4) -
     out["theta_dh_mean"] = round(middle_update_mean(prof("theta_dh"), len(theta)), digits)   # same blocks as θ
     for lens in LENSES:
         ce = prof(f"ce_{lens}")
-        if len(ce):
+        if len(ce) and np.isfinite(ce).all():           # a run (or shard) whose documents got no lenses has none
             out[f"ce_{lens}_by_layer"] = [round(float(x), digits) for x in ce]
     return out

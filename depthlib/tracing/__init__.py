@@ -13,6 +13,7 @@ how much that state carries the fact. One concept per module:
 - :mod:`~depthlib.tracing.facts`     our fact set (package data ``facts/``): load, save, check, build
 - :mod:`~depthlib.tracing.analysis`  fact-set averages, the two functional groups, prompt peaks, closing note
 - :mod:`~depthlib.tracing.chapter`   the chapter's PROFILES, the run it shows (:func:`chapter_run`), :func:`replay`
+- :mod:`~depthlib.tracing.shards`    the same run as jobs of an executor (prompts per model, then fact slices)
 
 Model plumbing (architecture table, loading, hooks) is in :mod:`depthlib.models`.
 """

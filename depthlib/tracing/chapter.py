@@ -11,6 +11,7 @@ every kind of the profile) and ``facts_M`` (the fact-set traces at the profile's
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -100,56 +101,94 @@ def _chapter_facts(profile: ChapterProfile) -> list[Fact]:
     return [Fact(f"p{i + 1}", "chapter prompt", *p) for i, p in enumerate(CHAPTER_PROMPTS[: profile.n_prompts])]
 
 
+def profile_of(config: dict) -> ChapterProfile:
+    """The :class:`ChapterProfile` a run's config holds (so that a job elsewhere needs the config alone)."""
+    names = [f.name for f in dataclasses.fields(ChapterProfile)]
+    return ChapterProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names})
+
+
+def model_prompts(name: str, config: dict, device: str = "cpu",
+                  progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(check, prompts) of one model: which chapter prompts and facts it knows at top-1, and the heat maps of the
+    chapter prompts it knows."""
+    prof = profile_of(config)
+    facts = load_facts()
+    prompts = _chapter_facts(prof)
+    model, tok = load_model(name, dtype=prof.dtype, device=device)
+    check = check_facts(model, tok, prompts + list(facts)[: prof.n_check])
+    check.insert(0, "model", name)
+    check.insert(1, "kind", ["prompt"] * len(prompts) + ["fact"] * (len(check) - len(prompts)))
+    known = set(check.loc[check["correct"], "id"])
+    tracer = CausalTracer(model, tok, _trace_config(config), facts=facts, name=name)
+    frames = [tr.table() for p in prompts if p.id in known
+              for tr in tracer.trace(p.prompt, p.subject, p.target, kinds=prof.kinds, progress=progress).values()]
+    return check, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def chosen_facts(config: dict, check: pd.DataFrame) -> list[Fact]:
+    """The facts a model's fact-set average traces: the first ``n_facts`` of the set that it knows."""
+    known = set(check.loc[check["correct"] & (check["kind"] == "fact"), "id"])
+    return [f for f in load_facts() if f.id in known][: config["n_facts"]]
+
+
+def model_fact_traces(name: str, config: dict, facts: Sequence[Fact], device: str = "cpu",
+                      progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(facts, baseline) of one model over ``facts``: the fact-set traces, and the same traces under independent
+    noise (the noise-only baseline that analysis.functional_groups compares the layer-to-layer jitter with). Each
+    fact's trace depends on that fact alone (its noise is seeded per trace), so slices of the set concatenate."""
+    prof = profile_of(config)
+    model, tok = load_model(name, dtype=prof.dtype, device=device)
+    kinds = prof.fact_kinds or prof.kinds
+    out = []
+    for offset in (0, BASELINE_SEED_OFFSET):
+        tracer = CausalTracer(model, tok, _trace_config(config, samples=prof.fact_samples, seed_offset=offset),
+                              facts=load_facts(), name=name)
+        out.append(trace_facts(tracer, facts, kinds=kinds, positions=prof.fact_positions, progress=progress))
+    return out[0], out[1]
+
+
+def write_model_tables(run: results.Run, name: str, check, prompts, facts, baseline) -> None:
+    """A model's four tables; ``check`` last: a model counts as done once its check table exists."""
+    key = safe_name(name)
+    run.write_table(f"prompts_{key}", prompts)
+    run.write_table(f"facts_{key}", facts)
+    run.write_table(f"baseline_{key}", baseline)
+    run.write_table(f"check_{key}", check)
+
+
+def model_done(run: results.Run, name: str) -> bool:
+    return all(run.has(f"{t}_{safe_name(name)}") for t in ("check", "prompts", "facts", "baseline"))
+
+
 def compute_chapter(profile: str = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
                     progress: bool = False) -> results.Run:
     """Compute (or resume) the chapter's tables for ``profile`` in the local results cache; returns the Run.
 
-    Models already done (all three tables written) are skipped, so an interrupted run resumes. A complete run
-    computed by other code (stale fingerprint) is recomputed from scratch.
+    Models already done (all four tables written) are skipped, so an interrupted run resumes. A complete run
+    computed by other code (stale fingerprint) is recomputed from scratch. (:mod:`depthlib.tracing.shards` computes
+    the same run as jobs of an executor.)
     """
     config = chapter_config(profile, extra_models)
     run = results.fresh_run(EXPERIMENT, config)
     if run.complete:
         return run
-    prof = PROFILES[profile]
-    facts = load_facts()
-    prompts = _chapter_facts(prof)
     start, before = time.perf_counter(), run.elapsed_before()
     for name in config["models"]:
-        key = safe_name(name)
-        if all(run.has(f"{t}_{key}") for t in ("check", "prompts", "facts", "baseline")):
+        if model_done(run, name):
             continue
-        model, tok = load_model(name, dtype=prof.dtype, device=device)
-        check = check_facts(model, tok, prompts + list(facts)[: prof.n_check])
-        check.insert(0, "model", name)
-        check.insert(1, "kind", ["prompt"] * len(prompts) + ["fact"] * (len(check) - len(prompts)))
-        known = set(check.loc[check["correct"], "id"])
-        tracer = CausalTracer(model, tok, _trace_config(config), facts=facts, name=name)
-        frames = []
-        for p in prompts:
-            if p.id in known:
-                for tr in tracer.trace(p.prompt, p.subject, p.target, kinds=prof.kinds, progress=progress).values():
-                    frames.append(tr.table())
-        chosen = [f for f in facts if f.id in known][: prof.n_facts]
-        ftracer = CausalTracer(model, tok, _trace_config(config, samples=prof.fact_samples), facts=facts, name=name)
-        fact_table = trace_facts(ftracer, chosen, kinds=prof.fact_kinds or prof.kinds, positions=prof.fact_positions,
-                                 progress=progress)
-        # noise-only baseline: the same facts under independent noise, so that the layer-to-layer jitter of one fact
-        # can be compared with what sampling noise alone produces (analysis.functional_groups)
-        btracer = CausalTracer(model, tok, _trace_config(config, samples=prof.fact_samples,
-                                                         seed_offset=BASELINE_SEED_OFFSET), facts=facts, name=name)
-        baseline = trace_facts(btracer, chosen, kinds=prof.fact_kinds or prof.kinds, positions=prof.fact_positions,
-                               progress=progress)
-        run.write_table(f"prompts_{key}", pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
-        run.write_table(f"facts_{key}", fact_table)
-        run.write_table(f"baseline_{key}", baseline)
-        run.write_table(f"check_{key}", check)  # last: a model counts as done once its check table exists
+        check, prompts = model_prompts(name, config, device, progress)
+        facts, baseline = model_fact_traces(name, config, chosen_facts(config, check), device, progress)
+        write_model_tables(run, name, check, prompts, facts, baseline)
         run.record_elapsed(before + time.perf_counter() - start)
-        del model
-    run.finish(profile=profile, seed=prof.seed, wall_time_s=before + time.perf_counter() - start, device=device,
-               code=CODE, models=config["models"], n_facts_total=len(facts))
-    (run.path / "progress.json").unlink(missing_ok=True)
+    finish(run, wall_time_s=before + time.perf_counter() - start, device=device)
     return run
+
+
+def finish(run: results.Run, *, wall_time_s: float, device: str, code: tuple = CODE, **extra) -> None:
+    """Close a chapter run (its profile, seed and models are in its config)."""
+    run.finish(profile=run.config["name"], seed=run.config["seed"], wall_time_s=wall_time_s, device=device, code=code,
+               models=run.config["models"], n_facts_total=len(load_facts()), **extra)
+    (run.path / "progress.json").unlink(missing_ok=True)
 
 
 def chapter_run(profile: str = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
