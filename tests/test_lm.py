@@ -264,7 +264,7 @@ def test_an_interrupted_series_resumes_to_the_same_tables(tiny_run, tmp_path, mo
         pd.testing.assert_frame_equal(again.table(name), run.table(name), check_exact=True)
 
 
-@pytest.mark.parametrize("kind,cluster", [("joblib", "auto"), ("submitit", "local")])
+@pytest.mark.parametrize("kind,cluster", [("joblib", "auto"), ("submitit", "local"), ("submitit", "debug")])
 def test_members_as_executor_units_give_the_serial_tables(tiny_run, tmp_path, monkeypatch, kind, cluster):
     """Issue 14: one job per depth (2 joblib workers, or submitit subprocess jobs) trains the same series."""
     from depthlib import executors
