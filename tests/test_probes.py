@@ -302,7 +302,7 @@ def test_probe_numbers_do_not_depend_on_the_batch_size(tokenizer):
                             progress=False) for b in (1, 4)]
     pd.testing.assert_frame_equal(runs[0].tokens, runs[1].tokens, check_exact=True)
     pd.testing.assert_frame_equal(runs[0].histograms, runs[1].histograms, check_exact=True)
-    pd.testing.assert_frame_equal(runs[0].layers, runs[1].layers, rtol=1e-6)   # fp32 forwards of other shapes
+    pd.testing.assert_frame_equal(runs[0].layers, runs[1].layers, rtol=1e-4)   # fp32 forwards of other shapes
     lens = runs[0].layers[runs[0].layers.metric == "ce_logit"]
     n_valid = runs[0].docs["n_valid"].to_numpy()
     assert (lens["count"] == np.minimum(n_valid[:3], 2).sum()).all()   # ≤ 2 tokens of each of the first 3 documents
