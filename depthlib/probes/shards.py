@@ -113,11 +113,7 @@ def run_sharded(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, executor
     units = [executors.Unit(f"{experiment_name(Path(model).name)}-docs{a}-{b}", "depthlib.probes.shards:probe_shard",
                             dict(model=model, corpus=corpus, n_docs=n_docs, config=dataclasses.asdict(cfg),
                                  start=a, stop=b)) for a, b in ranges]
-    outcomes = executors.run_units(units, executor)
-    problem = executors.failures(outcomes)
-    if problem:
-        raise InputError(f"probe of {model}: {problem}; the finished shards are cached, rerun to resume")
-    shard_runs = [results.Run(SHARD_EXPERIMENT, {}, Path(o.run)) for o in outcomes]
+    shard_runs = executors.finished_runs(units, executor, SHARD_EXPERIMENT, f"probe of {model}")
     return merge(model, corpus, n_docs, cfg, shard_runs, wall_time_s=time.perf_counter() - t0,
                  executor=executor.kind, profile=profile)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -154,13 +153,11 @@ def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool
     if missing:
         units = [executors.Unit(f"calibration-{kind}", "depthlib.toy.chapter:train_calibration",
                                 {"profile": profile, "kind": kind, "device": device}) for kind in missing]
-        outcomes = executors.run_units(units, executor or executors.ExecutorConfig())
-        problem = executors.failures(outcomes)
-        if problem:
-            raise InputError(f"calibration ({profile}): {problem}; finished runs are cached, rerun to resume")
-        for kind, outcome in zip(missing, outcomes):
-            found[kind] = results.Run(CALIBRATION_EXPERIMENT, {}, Path(outcome.run))
-            found[kind].config = found[kind].manifest["config"]
+        runs = executors.finished_runs(units, executor or executors.ExecutorConfig(), CALIBRATION_EXPERIMENT,
+                                       f"calibration ({profile})")
+        for kind, run in zip(missing, runs):
+            found[kind] = run
+            found[kind].config = run.manifest["config"]
     return {kind: found[kind] for kind in (CALIBRATION_KINDS[c.cells[0][0]] for c in CALIBRATION[profile])}
 
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 import pandas as pd
 
 from depthlib import executors, results
-from depthlib.errors import InputError
 from depthlib.toy import analysis
 from depthlib.toy.sweep import CODE, EXPERIMENT, SweepConfig, open_sweep_run
 
@@ -96,11 +94,7 @@ def run_sharded(cfg: SweepConfig, executor: executors.ExecutorConfig, device: st
     t0 = time.perf_counter()
     units = [executors.Unit(f"toy-rho{s.cells[0][0]:g}", "depthlib.toy.shards:train_shard",
                             {"config": s.to_dict(), "device": device}) for s in shard_configs(cfg)]
-    outcomes = executors.run_units(units, executor)
-    problem = executors.failures(outcomes)
-    if problem:
-        raise InputError(f"toy sweep {run.key}: {problem}; the finished shards are cached, rerun to resume")
-    shard_runs = [results.Run(SHARD_EXPERIMENT, {}, Path(o.run)) for o in outcomes]
+    shard_runs = executors.finished_runs(units, executor, SHARD_EXPERIMENT, f"toy sweep {run.key}")
     return merge(cfg, shard_runs, wall_time_s=time.perf_counter() - t0, executor=executor.kind, device=device)
 
 

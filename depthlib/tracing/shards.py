@@ -12,7 +12,6 @@ Why the merge is exact: a fact's trace depends on that fact alone (its noise is 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pandas as pd
 
@@ -63,11 +62,7 @@ def _slices(items: list, n: int) -> list[list]:
 
 
 def _run_round(units: list[executors.Unit], executor: executors.ExecutorConfig) -> list[results.Run]:
-    outcomes = executors.run_units(units, executor)
-    problem = executors.failures(outcomes)
-    if problem:
-        raise InputError(f"causal tracing: {problem}; the finished shards are cached, rerun to resume")
-    return [results.Run(SHARD_EXPERIMENT, {}, Path(o.run)) for o in outcomes]
+    return executors.finished_runs(units, executor, SHARD_EXPERIMENT, "causal tracing")
 
 
 def run_sharded(profile: str, executor: executors.ExecutorConfig, *, extra_models=(), device: str = "cpu",
