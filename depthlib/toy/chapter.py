@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from depthlib import results
 from depthlib.errors import InputError
+from depthlib.toy import converged
 from depthlib.toy.sweep import (
     EXPERIMENT,
     PAPER_TEMPERATURES,
@@ -249,3 +251,116 @@ def describe(run: results.Run) -> dict:
                                                              "teacher_depth")},
             "rhos": sorted({cell[0] for cell in c.get("cells", [])}),
             "temperatures": sorted({cell[1] for cell in c.get("cells", [])}), "flop": m.get("flop_total")}
+
+
+# ---- the converged-loss protocol (ours; depthlib.toy.converged) --------------------------------------------
+#: smoke: seconds (numbers meaningless). cpu: tied and independent teachers at T = 1 with 3 replicates each and the
+#: tied teacher at T = 0.01 (1 replicate), the paper's six depths, every route; the deepest student trains 4,000
+#: steps × 256 from a pool of 524k inputs, a depth-ℓ one 4,000·min(48/ℓ, 8) (7 units, ~1 h on 2 one-thread
+#: workers). paper: the same cells at batch 1024 and 10× the steps, for a GPU.
+CONVERGED_EXPERIMENT = "toy-converged"
+CONVERGED_UNITS = "toy-converged-units"
+CONVERGED_CODE = ("depthlib.toy.converged", "depthlib.toy.engine", "depthlib.toy.models", "depthlib.toy.analysis",
+                  "depthlib.measures")
+CONVERGED: dict[str, converged.ConvergedConfig] = {
+    "smoke": converged.ConvergedConfig("smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2), (1.0, 0.01, 1)), depths=(2, 4, 8),
+                                       steps_deepest=40, batch=32, pool_batches=8, evals=5, eval_batches=2,
+                                       eval_batch_size=128, teacher_depth=16),
+    "cpu": converged.ConvergedConfig("cpu", steps_deepest=4_000),
+    "paper": converged.ConvergedConfig("paper", steps_deepest=40_000, batch=1024, pool_batches=4_096),
+}
+
+
+def _unit_label(cell: dict) -> str:
+    return f"converged-{converged.TEACHER_KINDS[cell['rho']]}-T{cell['temperature']:g}-r{cell['replicate']}"
+
+
+def train_converged_unit(config: dict, cell: dict, device: str = "cpu", progress: bool = False) -> str:
+    """Every route of every depth of one (teacher, T, replicate) of the protocol, resumable student by student
+    (each finished student's weights, curve and summary are saved in the unit's folder in the cache: chapters 5
+    and 7 reuse the weights). Returns the unit's run folder. Module-level, so an executor can run it."""
+    import dataclasses
+    import time
+
+    import torch
+
+    from depthlib.toy.models import StudentWeights
+    cfg = converged.ConvergedConfig.from_dict(config).validate()
+    run = results.open_run(CONVERGED_UNITS, {**cfg.to_dict(), "cell": cell})
+    if run.complete and not run.stale:
+        return str(run.path)
+    results.prepare_run(run)
+    t0, before = time.perf_counter(), run.elapsed_before()
+
+    def path(route, depth):
+        return run.path / f"student_{route}_{depth:03d}.pt"
+
+    def load(route, depth):
+        p = path(route, depth)
+        if not (p.exists() and results.readable_checkpoint(p)):
+            return None
+        s = torch.load(p, weights_only=False)
+        return StudentWeights(**s["weights"]), pd.DataFrame(s["curve"]), s["row"]
+
+    def save(route, depth, w, curve, row):
+        results.atomic_torch_save(path(route, depth), {"weights": dataclasses.asdict(w), "curve": curve.to_dict("list"),
+                                                       "row": row})
+        run.record_elapsed(before + time.perf_counter() - t0)
+
+    say = (lambda msg: print(f"[depthlib] {_unit_label(cell)}: {msg}", file=sys.stderr, flush=True)) if progress \
+        else (lambda msg: None)
+    rows, curves = converged.train_unit(cfg, cell, load, save, say, device)
+    run.write_table("converged", pd.DataFrame(rows))
+    run.write_table("curves", pd.concat(curves, ignore_index=True))
+    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=before + time.perf_counter() - t0, device=device,
+               code=CONVERGED_CODE, cell=cell, torch_threads=torch.get_num_threads())
+    (run.path / "progress.json").unlink(missing_ok=True)
+    return str(run.path)
+
+
+def merge_converged(cfg: converged.ConvergedConfig, unit_runs: list[results.Run], wall_time_s: float) -> results.Run:
+    """The protocol's run: every unit's students (``converged``: one row per student and route), their curves, the
+    best route per student (``best``), α_ℓ per replicate and across replicates (``alpha``, ``alpha_summary``),
+    local slopes and the paired tied − independent difference at T = 1 (``separation``)."""
+    run = results.prepare_run(results.open_run(CONVERGED_EXPERIMENT, cfg.to_dict()))
+    rows = pd.concat([r.table("converged") for r in unit_runs], ignore_index=True)
+    curves = pd.concat([r.table("curves") for r in unit_runs], ignore_index=True)
+    best = converged.best_routes(rows)
+    per, summary = converged.alpha_tables(best)
+    run.write_table("converged", rows)
+    run.write_table("curves", curves)
+    run.write_table("best", best)
+    run.write_table("alpha", per)
+    run.write_table("alpha_summary", summary)
+    run.write_table("slopes", converged.local_slopes(best))
+    run.write_table("separation", pd.DataFrame([converged.separation(per)]))
+    units = {Path(r.path).name: {"cell": r.manifest.get("cell"), "wall_time_s": r.manifest.get("wall_time_s"),
+                                 "torch_threads": r.manifest.get("torch_threads")} for r in unit_runs}
+    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=wall_time_s, device="cpu", code=CONVERGED_CODE,
+               units=units, unit_wall_time_s=sum(u["wall_time_s"] or 0 for u in units.values()))
+    return run
+
+
+def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None) -> results.Run:
+    """The protocol's run chapter 3 shows for ``profile`` (the one rule, :func:`depthlib.results.select_run`); if
+    there is none, its units (one per teacher, temperature and replicate; tied ones first, they take longest) run
+    now on ``executor`` (default: one process per core, each on one torch thread — the measured-fast layout)."""
+    import os
+    import time
+
+    from depthlib import executors
+    results.check_profile(profile)
+    cfg = CONVERGED[profile]
+
+    def compute() -> results.Run:
+        t0 = time.perf_counter()
+        cells = sorted(cfg.units(), key=lambda c: (-c["rho"], -c["temperature"], c["replicate"]))
+        units = [executors.Unit(_unit_label(c), "depthlib.toy.chapter:train_converged_unit",
+                                {"config": cfg.to_dict(), "cell": c, "device": device}) for c in cells]
+        ex = executor or executors.ExecutorConfig("joblib", jobs=max(1, min(os.cpu_count() or 1, len(units))),
+                                                  threads=1)
+        unit_runs = executors.finished_runs(units, ex, CONVERGED_UNITS, f"converged protocol ({profile})")
+        return merge_converged(cfg, unit_runs, time.perf_counter() - t0)
+
+    return results.chapter_run(CONVERGED_EXPERIMENT, profile, compute, rerun=rerun,
+                               expected_config=lambda p: CONVERGED[p].to_dict() if p in CONVERGED else None)
