@@ -132,8 +132,15 @@ def test_unit_resumes_to_the_uninterrupted_result():
 
     rows, curves = C.train_unit(CFG, cell, load, save)
     full = pd.DataFrame(rows)
-    assert set(full["route"]) == {"scratch", "euler", "progressive"}
+    assert {"scratch", "euler", "progressive"} <= set(full["route"])
     assert set(full.loc[full["route"] == "progressive", "depth"]) == {4, 8}
+    for depth, g in full.groupby("depth"):     # a continuation follows exactly when the best so far is not converged
+        routes = list(g["route"])
+        base = g[~g["route"].str.startswith("continued")]
+        first = base.loc[base["test_loss"].idxmin()]
+        assert ("continued1" in routes) == (not first["converged"])
+        if "continued1" in routes:
+            assert g.loc[g["route"] == "continued1", "start"].iloc[0] == first["route"]
 
     partial: dict = {}
     calls = {"n": 0}

@@ -12,7 +12,9 @@ keeps the lowest held-out loss, naming the route:
                    with ℓ steps instead of ℓ*), trained at 0.1× the paper's lr;
 * ``progressive``  a warm start from the best student of depth ℓ/2 (any route), every block split into two
                    half-step blocks (W_down / 2 each; the state moves by the same amount to first order), trained
-                   at 0.1× the paper's lr.
+                   at 0.1× the paper's lr;
+* ``continued<k>`` when the best student of a depth is not converged after these routes, it is trained again from
+                   its own weights (0.1× the paper's lr, the same schedule), up to ``continuations`` times.
 
 **Schedule** (every route): Adam (the paper's betas, ε), linear warm-up over the first 2 % of steps, constant to
 50 %, linear decay to 10 % of the base lr at 80 %, then the last 20 % of steps **at that final lr**. A student is
@@ -106,6 +108,7 @@ class ConvergedConfig:
     batch: int = 256
     pool_batches: int = 2_048                    # fixed training pool: pool_batches × batch inputs
     lr_warm: float = 0.1                         # lr scale of the warm-started routes
+    continuations: int = 2                       # extra rounds for a depth whose best student is not converged
     evals: int = 20                              # held-out evaluations per student (every 5 % of its steps)
     eval_batches: int = 10                       # the paper's test set: 10 × 1024 fresh inputs
     eval_batch_size: int = 1024
@@ -245,10 +248,10 @@ def relative_improvement(curve: pd.DataFrame) -> float:
 
 
 def train_student(cfg: ConvergedConfig, teacher: TeacherWeights, pool: tuple[torch.Tensor, torch.Tensor],
-                  cell: dict, depth: int, route: str, start: StudentWeights | None, device: str = "cpu"
-                  ) -> tuple[StudentWeights, pd.DataFrame, dict]:
-    """Train one student by ``route`` from ``start`` (None: the exp-9-3 initialisation). Returns its weights, its
-    held-out curve (step 0 and every 5 % of its steps) and its summary row."""
+                  cell: dict, depth: int, route: str, start: StudentWeights | None, device: str = "cpu",
+                  start_from: str = "exp-9-3 init") -> tuple[StudentWeights, pd.DataFrame, dict]:
+    """Train one student by ``route`` from ``start`` (None: the exp-9-3 initialisation; ``start_from`` names it).
+    Returns its weights, its held-out curve (step 0 and every 5 % of its steps) and its summary row."""
     r = cell["replicate"]
     steps = cfg.steps(depth)
     train = training(route, cfg.lr_warm)
@@ -271,7 +274,7 @@ def train_student(cfg: ConvergedConfig, teacher: TeacherWeights, pool: tuple[tor
     final = float(df["test_loss"].iloc[-1])
     rel = relative_improvement(df)
     row = {"teacher": TEACHER_KINDS[cell["rho"]], "rho": cell["rho"], "temperature": cell["temperature"],
-           "replicate": r, "depth": depth, "route": route, "steps": steps, "batch": cfg.batch,
+           "replicate": r, "depth": depth, "route": route, "start": start_from, "steps": steps, "batch": cfg.batch,
            "base_lr": train.base_lr(depth), "initial_loss": curve[0][1], "test_loss": final,
            "pool_loss": eng.pool_loss(min(cfg.eval_batches * cfg.eval_batch_size // cfg.batch, cfg.pool_batches)),
            "rel_improvement_last20": rel, "converged": bool(rel < CONVERGED_BELOW)}
@@ -291,24 +294,38 @@ def train_unit(cfg: ConvergedConfig, cell: dict,
     teacher = make_teacher(rho, derive_seed(cfg.seed, "teacher", r), cfg.shape())
     pool = None
     rows, curves, best = [], [], {}
+
+    def step(depth: int, route: str, start: StudentWeights | None, named: str) -> None:
+        nonlocal pool
+        done = load(route, depth)
+        if done is None:
+            if pool is None:
+                pool = make_pool(cfg, teacher, r, device)
+            progress(f"{TEACHER_KINDS[rho]} T={cell['temperature']:g} r{r} ℓ={depth} {route}")
+            done = train_student(cfg, teacher, pool, cell, depth, route, start, device, named)
+            save(route, depth, *done)
+        w, curve, row = done
+        rows.append(row)
+        curves.append(curve)
+        if depth not in best or row["test_loss"] < best[depth][1]["test_loss"]:
+            best[depth] = (w, row)
+
     for depth in sorted(cfg.depths):
         for route in cfg.routes(rho):
             if route == "progressive" and (depth % 2 or depth // 2 not in best):
                 continue                                   # no student of depth ℓ/2 to split
-            done = load(route, depth)
-            if done is None:
-                if pool is None:
-                    pool = make_pool(cfg, teacher, r, device)
-                start = {"scratch": None, "euler": euler_student(teacher, depth) if route == "euler" else None,
-                         "progressive": split_student(best[depth // 2][0]) if route == "progressive" else None}[route]
-                progress(f"{TEACHER_KINDS[rho]} T={cell['temperature']:g} r{r} ℓ={depth} {route}")
-                done = train_student(cfg, teacher, pool, cell, depth, route, start, device)
-                save(route, depth, *done)
-            w, curve, row = done
-            rows.append(row)
-            curves.append(curve)
-            if depth not in best or row["test_loss"] < best[depth][1]["test_loss"]:
-                best[depth] = (w, row)
+            if route == "scratch":
+                start, named = None, "exp-9-3 init"
+            elif route == "euler":
+                start, named = euler_student(teacher, depth), "Euler discretisation"
+            else:
+                start, named = split_student(best[depth // 2][0]), f"split {best[depth // 2][1]['route']} ℓ={depth // 2}"
+            step(depth, route, start, named)
+        for k in range(1, cfg.continuations + 1):
+            w, row = best[depth]
+            if row["converged"]:
+                break
+            step(depth, f"continued{k}", w, row["route"])
     return rows, curves
 
 
