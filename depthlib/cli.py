@@ -170,8 +170,14 @@ def _add_toy(sub) -> None:
                    help="train the profile's calibration run of this teacher (chapter 3, Fig. 4a,b: exp-9-3 at "
                         "T = 1, the paper's unnormalised teacher; both: the two runs, as two units of --executor) "
                         "instead of its phase-diagram sweep (whose units are its teacher correlations ρ)")
+    p.add_argument("--protocol", choices=("paper", "converged"), default="paper",
+                   help="paper: the paper's recipe (a phase-diagram sweep, or --calibration); converged: chapter 3's "
+                        "converged-loss protocol (tied and independent teachers, every training route, resumable; "
+                        "default executor: one joblib worker per core on one thread each)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default 1: the toy's small matmuls run faster on one thread than on two, "
+                        "see benchmarks/bench_toy.py)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (changes the numbers)")
     _add_force(p)
     _add_executor(p)
@@ -183,12 +189,14 @@ def _cmd_toy(args) -> dict[str, Any]:
     import os
     # 2 OpenMP threads spin-waiting on a busy 2-core box are 5-100x slower (toy-performance.md §0)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
     from depthlib import validate
     from depthlib.toy import chapter, sweep
-    if args.threads is not None:
-        import torch
-        torch.set_num_threads(validate.int_in_range("--threads", args.threads, 1, 1024))
+    torch.set_num_threads(validate.int_in_range("--threads", 1 if args.threads is None else args.threads, 1, 1024))
     validate.resolve_device(args.device)
+    if args.protocol == "converged":
+        return _toy_converged(args)
     executor = _executor_config(args)
     if executor.kind != "serial" and (args.force or args.tf32):
         raise InputError("--force and --tf32 work with --executor serial only")
@@ -240,6 +248,26 @@ def _cmd_toy(args) -> dict[str, Any]:
         out["alpha"] = {f"rho={a['rho']:g}, T={a['temperature']:.3g}": f"{a['alpha']} [{a['lo']}, {a['hi']}]"
                         for a in out["alpha"]}
     return out
+
+
+def _toy_converged(args) -> dict[str, Any]:
+    """Chapter 3's converged-loss protocol for a profile (depthlib.toy.converged): α_ℓ per teacher and T."""
+    from depthlib.toy import chapter
+    changed = [f"--{k}" for k in ("rho", "temperature", "depths", "steps", "replicates", "variant", "calibration")
+               if getattr(args, k) is not None] + (["--force"] if args.force else []) + (["--tf32"] if args.tf32 else [])
+    if changed:
+        raise InputError(f"--protocol converged runs a profile's fixed settings; drop {', '.join(changed)}")
+    executor = _executor_config(args) if args.executor != "serial" else None
+    run = chapter.converged_run(args.profile, args.device, executor=executor)
+    summary, sep = run.table("alpha_summary"), run.table("separation").iloc[0]
+    best = run.table("best")
+    return {"profile": args.profile, "meaningful": args.profile != "smoke",
+            "alpha": [{"teacher": r.teacher, "temperature": r.temperature, "alpha": _round_or_none(r.alpha),
+                       "lo": _round_or_none(r.lo), "hi": _round_or_none(r.hi), "replicates": int(r.replicates)}
+                      for r in summary.itertuples()],
+            "tied_minus_independent": {k: _round_or_none(sep[k]) for k in ("diff", "lo", "hi")},
+            "students_converged": f"{int(best['converged'].sum())} of {len(best)}",
+            "wall_time_s": run.manifest.get("wall_time_s"), "run": str(run.path)}
 
 
 def _toy_calibration_both(args, executor) -> dict[str, Any]:

@@ -10,6 +10,9 @@
 * :func:`lag_profiles`          cos(Δh_l, Δh_{l+k}) against lag k/ℓ for the teachers and the deepest students
 * :func:`calibration_alpha`     the calibration runs' α_ℓ against step (Fig. 4a,b), lr decay marked
 * :func:`calibration_losses`    the calibration runs' final test loss against depth, with their fits
+* :func:`converged_losses`      the converged protocol's best losses against depth: both teachers, the untrained
+                                Euler discretisation and the committed from-scratch students
+* :func:`converged_routes`      every route's loss relative to the best one, per depth (which route wins where)
 """
 from __future__ import annotations
 
@@ -251,4 +254,71 @@ def calibration_losses(curves: pd.DataFrame):
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color=plots.color(i), dash="dash"),
                                  name=f"fit: α_ℓ = {fit['alpha']:.2f}"))
     fig.update_xaxes(**plots.log_ticks(depths))
+    return fig
+
+
+def converged_losses(best: pd.DataFrame, rows: pd.DataFrame, paper: pd.DataFrame | None = None,
+                     temperature: float = 1.0):
+    """Converged test loss against depth (log–log) at ``temperature``: each replicate's best route (small markers),
+    their geometric mean with its power-law fit (line), the tied teacher's untrained Euler discretisation (dotted)
+    and, if given, the committed from-scratch students (open markers)."""
+    b = best[best["temperature"] == temperature]
+    depths = sorted(b["depth"].unique())
+    fig = plots.new_figure(f"Converged loss against depth, T = {temperature:g}", "student depth ℓ (blocks)",
+                           "held-out test loss (KL from the teacher, nats)", log_x=True, log_y=True)
+    for i, teacher in enumerate(("tied", "independent")):
+        g = b[b["teacher"] == teacher]
+        if g.empty:
+            continue
+        fig.add_trace(go.Scatter(x=g["depth"], y=g["test_loss"], mode="markers", name=f"{teacher}: replicates",
+                                 marker=dict(color=plots.color(i), size=6, opacity=0.5),
+                                 customdata=g[["replicate", "route"]],
+                                 hovertemplate="ℓ=%{x}, replicate %{customdata[0]}: %{y:.3g} (%{customdata[1]})"))
+        mean = g.groupby("depth")["test_loss"].apply(lambda v: float(np.exp(np.log(v).mean())))
+        fit = analysis.fit_power_law(mean.index, mean.values)
+        x, y = plots.power_law_line(np.array(depths, float), fit["c"], fit["alpha"])
+        fig.add_trace(go.Scatter(x=mean.index, y=mean.values, mode="markers", marker=dict(color=plots.color(i), size=11),
+                                 name=f"{teacher}: geometric mean"))
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color=plots.color(i), dash="dash"),
+                                 name=f"{teacher}: fit α_ℓ = {fit['alpha']:.2f}"))
+    euler = rows[(rows["route"] == "euler") & (rows["temperature"] == temperature)]
+    if len(euler):
+        e = euler.groupby("depth")["initial_loss"].apply(lambda v: float(np.exp(np.log(v).mean())))
+        fig.add_trace(go.Scatter(x=e.index, y=e.values, mode="lines+markers", line=dict(color="#444", dash="dot"),
+                                 marker=dict(symbol="x", size=8), name="tied: untrained Euler discretisation"))
+    if paper is not None and len(paper):
+        q = paper[paper["temperature"] == temperature]
+        for i, teacher in enumerate(("tied", "independent")):
+            g = q[q["teacher"] == teacher]
+            if len(g):
+                fig.add_trace(go.Scatter(x=g["depth"], y=g["test_loss"], mode="markers",
+                                         marker=dict(color=plots.color(i), size=11, symbol="circle-open", line=dict(width=2)),
+                                         name=f"{teacher}: paper recipe, committed budget"))
+    fig.update_xaxes(**plots.log_ticks(depths))
+    return fig
+
+
+def converged_routes(rows: pd.DataFrame, best: pd.DataFrame):
+    """Each trained route's held-out loss divided by the best route's, per (teacher, T, depth), geometric mean over
+    replicates: 1 is the winning route; a dropdown picks the teacher and temperature."""
+    keys = ["teacher", "temperature", "replicate", "depth"]
+    m = rows.merge(best[keys + ["test_loss"]], on=keys, suffixes=("", "_best"))
+    m["ratio"] = m["test_loss"] / m["test_loss_best"]
+    agg = m.groupby(["teacher", "temperature", "depth", "route"])["ratio"].apply(
+        lambda v: float(np.exp(np.log(v).mean()))).reset_index()
+    cells = sorted({(t, T) for t, T in zip(agg["teacher"], agg["temperature"])}, key=lambda c: (c[0] != "tied", -c[1]))
+    routes = sorted(agg["route"].unique(), key=lambda r: (r.startswith("continued"), r))
+    fig = plots.new_figure("Which route reaches the lowest loss", "student depth ℓ (blocks)",
+                           "test loss ÷ best route's (geometric mean over replicates)", log_x=True, log_y=True)
+    for c, (teacher, T) in enumerate(cells):
+        g = agg[(agg["teacher"] == teacher) & (agg["temperature"] == T)]
+        for i, route in enumerate(routes):
+            r = g[g["route"] == route]
+            fig.add_trace(go.Scatter(x=r["depth"], y=r["ratio"], mode="lines+markers", name=route, visible=c == 0,
+                                     line=dict(color=plots.color(i)), legendgroup=route))
+    n = len(routes)
+    buttons = [dict(label=f"{t}, T = {T:g}", method="update",
+                    args=[{"visible": [k // n == c for k in range(n * len(cells))]}]) for c, (t, T) in enumerate(cells)]
+    plots.dropdown(fig, buttons)
+    fig.update_xaxes(**plots.log_ticks(sorted(agg["depth"].unique())))
     return fig

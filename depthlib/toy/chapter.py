@@ -221,7 +221,10 @@ def calibration_findings(summary: pd.DataFrame) -> list[str]:
 
 def replay(run: results.Run, n_students: int = 1) -> pd.DataFrame:
     """Retrain the ``n_students`` shallowest students of the first cell up to the run's first evaluation with the
-    current code; returns their committed and recomputed test losses (columns ``committed``, ``replayed``)."""
+    current code; returns their committed and recomputed test losses (columns ``committed``, ``replayed``).
+    A converged-protocol run is replayed by :func:`replay_converged`."""
+    if run.experiment == CONVERGED_EXPERIMENT:
+        return replay_converged(run)
     cfg = config_of(run)
     first_cell, depths = cfg.cells[0], sorted(cfg.depths)[:n_students]
     def keep(row):
@@ -364,3 +367,101 @@ def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = 
 
     return results.chapter_run(CONVERGED_EXPERIMENT, profile, compute, rerun=rerun,
                                expected_config=lambda p: CONVERGED[p].to_dict() if p in CONVERGED else None)
+
+
+def paper_route(runs: dict[str, results.Run]) -> pd.DataFrame:
+    """The committed from-scratch calibration students (the paper's exp-9-3 recipe at the committed budget) as rows of
+    the protocol's ``converged`` table (route ``paper``; same teachers and held-out inputs as the protocol's replicate
+    0). Their improvement over the last 20 % of steps is measured from the evaluation at or before 80 % of the steps;
+    unlike the protocol's routes, those steps are the paper's decay, not a constant final lr."""
+    rows = []
+    for kind, run in runs.items():
+        cfg = config_of(run)
+        curves = run.table("curves")
+        for (rho, temp, rep, depth), g in curves.groupby(["rho", "temperature", "replicate", "depth"]):
+            g = g.sort_values("step")
+            before = float(g.loc[g["step"] <= 0.8 * cfg.steps, "test_loss"].iloc[-1])
+            final = float(g["test_loss"].iloc[-1])
+            rel = (before - final) / before
+            rows.append({"teacher": kind, "rho": rho, "temperature": temp, "replicate": int(rep), "depth": int(depth),
+                         "route": "paper", "start": "exp-9-3 init", "steps": cfg.steps, "batch": cfg.batch,
+                         "test_loss": final, "rel_improvement_last20": rel,
+                         "converged": bool(rel < converged.CONVERGED_BELOW)})
+    return pd.DataFrame(rows)
+
+
+def converged_findings(run: results.Run, paper: pd.DataFrame | None = None) -> list[str]:
+    """The chapter's sentences about the converged protocol, generated from its tables (no number typed by hand):
+    α_ℓ per teacher and temperature with its interval, the local slopes, whether tied and independent separate
+    (the interval of their paired difference), the convergence of the students the fit uses, the Euler check and
+    the committed from-scratch students where they are lower."""
+    summary, per, best = run.table("alpha_summary"), run.table("alpha"), run.table("best")
+    slopes, sep, rows = run.table("slopes"), run.table("separation").iloc[0], run.table("converged")
+    lines = []
+    for r in summary.itertuples():
+        reps = per[(per["teacher"] == r.teacher) & (per["temperature"] == r.temperature)]["alpha"]
+        s = slopes[(slopes["teacher"] == r.teacher) & (slopes["temperature"] == r.temperature)]
+        local = s.groupby(["depth_from", "depth_to"])["slope"].mean()
+        b = best[(best["teacher"] == r.teacher) & (best["temperature"] == r.temperature)]
+        lines.append(
+            f"{r.teacher} teacher, T = {r.temperature:g}: converged α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] "
+            f"({r.interval}); per replicate {', '.join(f'{a:.2f}' for a in reps)}; local slopes "
+            + ", ".join(f"{a}→{b_}: {v:.2f}" for (a, b_), v in local.items())
+            + f". {int(b['converged'].sum())} of {len(b)} fitted students are converged (held-out loss improved < 1 % "
+            f"over their last 20 % of steps; worst {b['rel_improvement_last20'].max():.1%})."
+        )
+    if np.isfinite(sep["diff"]):
+        verdict = ("the tied exponent is larger: the interval excludes 0" if sep["lo"] > 0 else
+                   "the interval includes 0: at this budget the two teachers do not separate" if sep["hi"] >= 0 else
+                   "the independent exponent is larger")
+        lines.append(f"Tied minus independent at T = 1, paired by replicate: Δα_ℓ = {sep['diff']:+.2f} "
+                     f"[{sep['lo']:+.2f}, {sep['hi']:+.2f}] (95 % t over {int(sep['n'])} replicates): {verdict}.")
+    euler = rows[(rows["route"] == "euler") & (rows["temperature"] == 1.0)]
+    if len(euler):
+        tb = best[(best["teacher"] == "tied") & (best["temperature"] == 1.0)].merge(
+            euler[["replicate", "depth", "initial_loss"]], on=["replicate", "depth"], suffixes=("", "_euler"))
+        beat = int((tb["test_loss"] < tb["initial_loss_euler"]).sum())
+        lines.append(f"Tied students beat the untrained Euler discretisation of the same depth in {beat} of {len(tb)} "
+                     f"cases (by {np.median(tb['initial_loss_euler'] / tb['test_loss']):.1f}× in the median).")
+    wins = best.groupby("route").size()
+    lines.append("The best route: " + ", ".join(f"{k} {v}" for k, v in wins.sort_values(ascending=False).items())
+                 + f" of {len(best)} students.")
+    if paper is not None and len(paper):
+        m = paper.merge(best[["teacher", "temperature", "replicate", "depth", "test_loss"]],
+                        on=["teacher", "temperature", "replicate", "depth"], suffixes=("_paper", ""))
+        lower = m[m["test_loss_paper"] < m["test_loss"]]
+        lines.append("The committed from-scratch students (24,000 × 1,024 steps, replicate 0) are "
+                     + ("higher than the protocol's best at every depth they share." if lower.empty else
+                        "lower than the protocol's best at " + ", ".join(
+                            f"{r.teacher} ℓ = {r.depth} ({r.test_loss_paper:.2e} vs {r.test_loss:.2e})"
+                            for r in lower.itertuples())
+                        + ": there the protocol's students are not at the converged loss."))
+    return lines
+
+
+def replay_converged(run: results.Run) -> pd.DataFrame:
+    """Recompute the first evaluation interval (5 % of its steps) of the first replicate's deepest tied student on the
+    Euler route at T = 1 — built exactly as :func:`depthlib.toy.converged.train_student` builds it — and return its
+    committed and recomputed held-out losses at step 0 (the untrained discretisation) and at that step."""
+    from depthlib.toy.engine import StudentSpec
+    from depthlib.toy.models import derive_seed, make_teacher
+    cfg = converged.ConvergedConfig.from_dict(run.config)
+    depth, route, r, temp = max(cfg.depths), "euler", 0, 1.0
+    teacher = make_teacher(1.0, derive_seed(cfg.seed, "teacher", r), cfg.shape())
+    pool = converged.make_pool(cfg, teacher, r)
+    train, steps = converged.training(route, cfg.lr_warm), cfg.steps(depth)
+    spec = StudentSpec(0, temp, depth, derive_seed(cfg.seed, "converged-student", r, depth, route))
+    eng = converged.PooledStudents(*pool, derive_seed(cfg.seed, "converged-order", r, depth, route), [teacher], [spec],
+                                   train, steps, data_seeds=[0], test_seeds=[derive_seed(cfg.seed, "test", r)],
+                                   batch=cfg.batch, eval_batches=cfg.eval_batches, eval_batch_size=cfg.eval_batch_size,
+                                   shape=cfg.shape(), device="cpu", chunk=1)
+    eng.load_student(0, converged.euler_student(teacher, depth))
+    replayed = [(0, float(eng.evaluate()[0]))]
+    for _ in range(steps // cfg.evals):
+        eng.step()
+    replayed.append((steps // cfg.evals, float(eng.evaluate()[0])))
+    curves = run.table("curves")
+    mine = curves[(curves["teacher"] == "tied") & (curves["temperature"] == temp) & (curves["replicate"] == r)
+                  & (curves["depth"] == depth) & (curves["route"] == route)]
+    out = pd.DataFrame(replayed, columns=["step", "replayed"])
+    return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="left")
