@@ -465,3 +465,22 @@ def replay_converged(run: results.Run) -> pd.DataFrame:
                   & (curves["depth"] == depth) & (curves["route"] == route)]
     out = pd.DataFrame(replayed, columns=["step", "replayed"])
     return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="left")
+
+
+def phase_diagram_caveats(alpha: pd.DataFrame) -> list[str]:
+    """What the phase diagram's intervals can and cannot resolve, generated from its ``alpha`` table: the widest
+    interval, whether the ρ = 0 and ρ = 1 intervals of each temperature overlap, and the direction α_ℓ moves along ρ
+    at each temperature (compared with the paper's rise towards 3 at ρ = 1 and high T)."""
+    lines = []
+    widest = alpha.loc[(alpha["hi"] - alpha["lo"]).idxmax()]
+    lines.append(f"Intervals: {alpha['interval'].iloc[0]}; the widest is [{widest['lo']:.2f}, {widest['hi']:.2f}] "
+                 f"(ρ = {widest['rho']:g}, T = {widest['temperature']:g}).")
+    for temp, g in alpha.groupby("temperature"):
+        g = g.sort_values("rho")
+        first, last = g.iloc[0], g.iloc[-1]
+        apart = first["hi"] < last["lo"] or last["hi"] < first["lo"]
+        way = "rises" if last["alpha"] > first["alpha"] else "falls"
+        lines.append(f"T = {temp:g}: α_ℓ {way} from {first['alpha']:.2f} (ρ = {first['rho']:g}) to {last['alpha']:.2f} "
+                     f"(ρ = {last['rho']:g}); the two intervals " + ("do not overlap." if apart else
+                                                                    "overlap: no direction is resolved."))
+    return lines
