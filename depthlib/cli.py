@@ -186,14 +186,9 @@ def _add_toy(sub) -> None:
 
 
 def _cmd_toy(args) -> dict[str, Any]:
-    import os
-    # 2 OpenMP threads spin-waiting on a busy 2-core box are 5-100x slower (toy-performance.md §0)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch
-
-    from depthlib import validate
+    from depthlib import runtime, validate
     from depthlib.toy import chapter, sweep
-    torch.set_num_threads(validate.int_in_range("--threads", 1 if args.threads is None else args.threads, 1, 1024))
+    runtime.configure_process(1 if args.threads is None else args.threads, name="--threads")   # 1: the fast default
     validate.resolve_device(args.device)
     if args.protocol == "converged":
         return _toy_converged(args)
@@ -506,13 +501,9 @@ def _add_lm_depth(sub) -> None:
 
 
 def _cmd_lm_depth(args) -> dict[str, Any]:
-    import os
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch: spinning OpenMP threads stall a shared box
-    from depthlib import paths, validate
+    from depthlib import paths, runtime, validate
     from depthlib.lm import chapter, series
-    if args.threads is not None:
-        import torch
-        torch.set_num_threads(validate.int_in_range("--threads", args.threads, 1, 1024))
+    runtime.configure_process(args.threads, name="--threads")
     device = chapter.default_device(args.profile) if args.device is None else args.device
     validate.resolve_device(device)
     cfg = chapter.profile_config(args.profile)
@@ -650,8 +641,8 @@ def _resume_command(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from depthlib.runtime import steady_malloc
-    steady_malloc()                       # long runs: keep freed memory in the process (depthlib/runtime.py)
+    from depthlib.runtime import configure_process
+    configure_process()                   # before torch loads: passive OpenMP waiting, steady malloc (runtime.py)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from depthlib import paths
+from depthlib import paths, runtime
 from depthlib.errors import InputError
 
 EXECUTORS = ("serial", "joblib", "submitit")
@@ -79,6 +79,7 @@ class Unit:
 
     def __call__(self, threads: int = 1, env: dict | None = None) -> str:
         os.environ.update(env or {})
+        runtime.configure_process()              # a worker is a long run's entry point (before torch loads)
         import torch
         before = torch.get_num_threads()
         torch.set_num_threads(threads)

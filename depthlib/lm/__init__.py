@@ -1,4 +1,4 @@
-"""Chapter 6: a depth series of small language models trained here, differing only in depth (issue 13).
+"""Chapter 6: a depth series of small language models trained here, differing only in depth (paper §3, Limitations).
 
 The paper infers α_ℓ for LLMs from Chinchilla's reconstructed losses and its "middle-layer angle ∝ 1/ℓ" from Pythia;
 this package makes the family the paper's Limitations ask for: decoder-only LMs at one width, trained on the same
@@ -15,14 +15,8 @@ tokens in the same order, then measured by the probes of chapter 2.
 """
 from __future__ import annotations
 
-import os
-
-# Before torch loads OpenMP: two threads spin-waiting on a shared 2-core machine make a training step 5-60x slower
-# (measured here: 1.27 s instead of 19 ms for a tiny model while another job ran; toy-performance.md §0).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from depthlib.lm.chapter import PROFILES  # noqa: E402, chapter_run, describe, profile_config, replay
-from depthlib.lm.series import CODE  # noqa: E402, EXPERIMENT, SeriesConfig, run_series
+from depthlib.lm.chapter import PROFILES, chapter_run, describe, profile_config, replay
+from depthlib.lm.series import CODE, EXPERIMENT, SeriesConfig, run_series
 
 __all__ = ["CODE", "EXPERIMENT", "PROFILES", "SeriesConfig", "chapter_run", "describe", "profile_config", "replay",
            "run_series"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from depthlib import results
+from depthlib import results, runtime
 from depthlib.errors import InputError
 from depthlib.lm.corpus import CorpusConfig
 from depthlib.lm.model import ModelConfig
@@ -59,6 +59,7 @@ def train(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, progre
           executor=None) -> results.Run:
     """Train (or resume, or load) a series; temporary files a crash left in its folder are removed first. With an
     :class:`depthlib.executors.ExecutorConfig`, each member still to train is one unit (job) of it."""
+    runtime.configure_process()   # a long run: steady malloc, passive OpenMP waiting
     run = open_series_run(cfg)
     results.remove_stray_tmp(run.path)
     try:

@@ -31,7 +31,6 @@ def term_part(fit: scaling.Fit, term: str) -> np.ndarray:
 
 
 def _term_line(fit: scaling.Fit, term: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    j = fit.terms.index(term)
     grid = np.geomspace(raw.min() * 0.9, raw.max() * 1.1, 100)
     if term == "l":
         feature = np.log(scaling.DEPTH_SCALE * (grid - fit.points.depth_offset))
@@ -39,7 +38,8 @@ def _term_line(fit: scaling.Fit, term: str, raw: np.ndarray) -> tuple[np.ndarray
         feature = np.log(grid / scaling.DATA_SCALE)
     else:
         feature = np.log(grid)
-    return grid, np.exp(fit.theta[j] - fit.theta[fit.k + j] * feature)
+    log_c, alpha = fit.theta[scaling.index(fit.law, f"ln_c_{term}")], fit.param(f"alpha_{term}")
+    return grid, np.exp(log_c - alpha * feature)
 
 
 def _part_traces(fit: scaling.Fit, term: str, color: str, name: str, visible: bool = True) -> list[go.Scatter]:
@@ -48,8 +48,7 @@ def _part_traces(fit: scaling.Fit, term: str, color: str, name: str, visible: bo
     y = term_part(fit, term)
     positive = y > 0
     grid, line = _term_line(fit, term, raw)
-    j = fit.terms.index(term)
-    a, se = fit.theta[fit.k + j], fit.se[fit.k + j]
+    a, se = fit.param(f"alpha_{term}"), fit.se_of(f"alpha_{term}")
     hover = (f"{TERM_AXES[term][1]}: %{{x:.4g}}<br>{term} part: %{{y:.4f}}<br>"
              "loss %{customdata[0]:.4f}, m %{customdata[1]:.0f}, ℓ %{customdata[2]:.0f}<extra></extra>")
     custom = fit.points.frame[["loss", "d_model", "n_layers"]].to_numpy()[positive]
@@ -74,7 +73,7 @@ def depth_part_slider(fits: dict[int, scaling.Fit], active_exclude: int = 40) ->
         for tr in _part_traces(fit, "l", plots.color(0), "depth", visible=(k == active_exclude)):
             fig.add_trace(tr)
         titles.append(f"Depth part vs depth — {k} highest losses excluded ({fit.points.n} runs): "
-                      f"α_ℓ = {fit.param('alpha_l'):.2f} ± {fit.se[4]:.2f}")
+                      f"α_ℓ = {fit.param('alpha_l'):.2f} ± {fit.se_of('alpha_l'):.2f}")
     steps = plots.slider_steps([str(k) for k in excludes], 2, titles=titles)
     plots.add_slider(fig, steps, active=excludes.index(active_exclude), prefix="rows excluded (strict rule): ")
     fig.update_layout(title_text=titles[excludes.index(active_exclude)])

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from depthlib import data, results
@@ -26,7 +27,8 @@ from depthlib.scaling import law
 
 EXPERIMENT = "chinchilla"
 #: The modules whose code decides a run's numbers (its manifest records their fingerprint; not plots, cli, chapter).
-CODE = ("depthlib.scaling.law", "depthlib.data")
+CODE = ("depthlib.scaling.model", "depthlib.scaling.points", "depthlib.scaling.solvers", "depthlib.scaling.fits",
+        "depthlib.scaling.uncertainty", "depthlib.data")
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,10 @@ def replay(run: results.Run, n_resamples: int = 3, data_path: str | Path | None 
     same seed and resample count) and its exclusion-scan row at the profile's exclusion, depth ℓ.
 
     Returns one row per number, with the committed and the recomputed value side by side (columns ``committed``,
-    ``replayed``); they agree to float round-off when the code computes what it did. Takes about a second.
+    ``replayed``) and ``atol``, how far apart the two may lie: a converged minimiser is reproducible only to its
+    solver's stopping rule, which on another CPU (another order of float sums) lands elsewhere in the objective's
+    flat valley (:func:`depthlib.scaling.solvers.parameter_tolerance`; the standard error's tolerance follows from
+    the parameters' to first order). Takes about a second.
     """
     config = run.config
     if config.get("csv_sha256") != csv_sha256(data_path):
@@ -135,19 +140,33 @@ def replay(run: results.Run, n_resamples: int = 3, data_path: str | Path | None 
                          f"{config.get('csv_sha256')}); point DEPTHLIB_DATA_DIR at that file to replay it")
     df = data.chinchilla(data_path)
     first = list(range(min(n_resamples, config["n_bootstrap"])))
+    points = law.select_points(df, config["exclude"])
+    weights = law.bootstrap_counts(points.n, config["n_bootstrap"], config["seed"])
     replayed = law.bootstrap(df, n_resamples=config["n_bootstrap"], seed=config["seed"], exclude=config["exclude"],
                              resamples=first).set_index("resample")
     committed = run.table("bootstrap").set_index("resample")
-    rows = [{"table": "bootstrap", "row": f"resample {i}", "quantity": q,
-             "committed": float(committed.loc[i, q]), "replayed": float(replayed.loc[i, q])}
-            for i in first for q in REPLAYED]
+    names = law.parameter_names("decomposed")
+    rows = []
+    for i in first:
+        theta = committed.loc[i, names].to_numpy(float)
+        tol = law.parameter_tolerance(theta, points.x, points.loss, weights[i])[0]
+        rows += [{"table": "bootstrap", "row": f"resample {i}", "quantity": q, "atol": tol[law.index("decomposed", q)],
+                  "committed": float(committed.loc[i, q]), "replayed": float(replayed.loc[i, q])} for q in REPLAYED]
     k, offset = config["exclude"], config["scan_offsets"][0]
     scan = run.table("exclusion_scan")
     row = scan[(scan["exclude"] == k) & (scan["depth_offset"] == offset)]
     if row.empty:
         raise InputError(f"run {run.experiment}/{run.key} has no exclusion-scan row at k = {k}, offset {offset}")
     again = law.exclusion_scan(df, excludes=[k], depth_offsets=[offset]).iloc[0]
-    rows += [{"table": "exclusion_scan", "row": f"exclude {k}, offset {offset}", "quantity": q,
+    kept = law.select_points(df, k, offset)
+    theta = row.iloc[0][names].to_numpy(float)
+    tol = law.parameter_tolerance(theta, kept.x, kept.loss)[0]
+    atol = {q: tol[law.index("decomposed", q)] for q in REPLAYED}
+    i_se = law.index("decomposed", "alpha_l")
+    se = law.gauss_newton_se(theta, kept)[i_se]
+    atol["se_alpha_l"] = sum(abs(law.gauss_newton_se(theta + np.eye(len(theta))[j] * tol[j], kept)[i_se] - se)
+                             for j in range(len(theta)))
+    rows += [{"table": "exclusion_scan", "row": f"exclude {k}, offset {offset}", "quantity": q, "atol": atol[q],
               "committed": float(row.iloc[0][q]), "replayed": float(again[q])} for q in REPLAYED + ("se_alpha_l",)]
     return pd.DataFrame(rows)
 

@@ -7,18 +7,8 @@
 - :mod:`depthlib.toy.shards`    a sweep as one shard per ρ on an executor, merged bit for bit into the serial run
 - :mod:`depthlib.toy.analysis`  α_ℓ fits, α_ℓ against training step, hidden-state signatures
 """
-import os
-
-# Before torch loads OpenMP: with 2 spinning OpenMP threads on a busy 2-core machine every small op stalls
-# (smoke sweep measured 62 s instead of 9.7 s; toy-performance.md §0). Passive waiting costs nothing when idle.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from depthlib.runtime import steady_malloc  # noqa: E402
-
-steady_malloc()   # a long run otherwise spends a third of its time faulting freed memory back in (runtime.py)
-
-from depthlib.toy.engine import BatchedStudents, StudentSpec  # noqa: E402
-from depthlib.toy.models import (  # noqa: E402
+from depthlib.toy.engine import BatchedStudents, StudentSpec
+from depthlib.toy.models import (
     VARIANTS,
     ToyShape,
     TrainConfig,

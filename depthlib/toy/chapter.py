@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from depthlib import results
+from depthlib import results, runtime
 from depthlib.errors import InputError
 from depthlib.toy import converged
 from depthlib.toy.sweep import (
@@ -100,6 +100,7 @@ def train(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progres
     do not read or fail their checksums) is reported in one stderr line naming its folder, deleted and restarted,
     instead of failing after all the remaining training; ``force`` deletes the run first. Temporary files a crash
     left in the folder (e.g. a checkpoint cut short by a full disk) are removed."""
+    runtime.configure_process()   # a long run: steady malloc, passive OpenMP waiting
     run = open_sweep_run(cfg, allow_tf32, root, experiment)
     results.remove_stray_tmp(run.path)
     results.prepare_run(run, force=force, checkpoints=("checkpoint.pt",))

@@ -1,0 +1,44 @@
+"""The package as a whole: every advertised name imports, and importing changes nothing in the process."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+
+import depthlib
+
+MODULES = sorted(m.name for m in pkgutil.walk_packages(depthlib.__path__, "depthlib."))
+
+
+def test_every_name_in_every_all_imports():
+    missing = []
+    for name in ["depthlib"] + MODULES:
+        module = importlib.import_module(name)
+        missing += [f"{name}.{n}" for n in getattr(module, "__all__", ()) if not hasattr(module, n)]
+    assert not missing, f"names in __all__ that the module does not define: {missing}"
+    # the walk saw the chapter packages (a typo in the walk would make the check above vacuous)
+    assert {"depthlib.lm", "depthlib.toy", "depthlib.scaling"} <= set(MODULES)
+
+
+def test_importing_depthlib_leaves_the_process_alone():
+    """No module sets environment variables (OMP_WAIT_POLICY ...) or calls glibc's mallopt when imported: the entry
+    points do that (depthlib.runtime.configure_process). A fresh interpreter, so earlier imports cannot hide it."""
+    code = ("import importlib, json, os, sys; before = dict(os.environ)\n"
+            f"for name in {json.dumps(['depthlib.toy', 'depthlib.lm'] + MODULES)}: importlib.import_module(name)\n"
+            "import depthlib.runtime as r\n"
+            "changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))\n"
+            "print(json.dumps({'changed': changed, 'mallopt': r._DONE}))")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"changed": [], "mallopt": False}
+
+
+def test_configure_process_sets_what_the_entry_points_need():
+    code = ("import os; from depthlib import runtime; runtime.configure_process(1)\n"
+            "import torch; print(os.environ['OMP_WAIT_POLICY'], torch.get_num_threads(), runtime._DONE)")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["PASSIVE", "1", str(sys.platform.startswith("linux"))]
