@@ -92,6 +92,97 @@ def _module_digest(module: str) -> str:
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
+#: Modules that orchestrate, store, validate or draw, never compute a run's numbers: the derived code of a run
+#: (:func:`compute_modules`) leaves them out, so moving glue never makes a run stale. ``*.chapter`` (a chapter's
+#: profiles, the calls its runs make, replay, describe), ``*.shards`` (units of work whose merge is tested to equal the
+#: one-process run bit for bit) and ``depthlib.plots.*`` (figures drawn from the tables) are glue by their role.
+GLUE_MODULES = frozenset({
+    "depthlib", "depthlib.errors", "depthlib.results", "depthlib.executors", "depthlib.paths", "depthlib.validate",
+    "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract", "depthlib.plots",
+})
+GLUE_SUFFIXES = (".chapter", ".shards")
+
+
+def is_glue(module: str) -> bool:
+    """Whether ``module`` orchestrates rather than computes (:data:`GLUE_MODULES`, ``*.chapter``, ``*.shards``,
+    ``depthlib.plots.*``)."""
+    return (module in GLUE_MODULES or module.endswith(GLUE_SUFFIXES) or module.startswith("depthlib.plots."))
+
+
+@lru_cache(maxsize=None)
+def _module_tree(module: str) -> tuple[ast.Module, bool]:
+    """(syntax tree, is a package) of a depthlib module's source."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise InputError(f"cannot read {module!r}: no Python source found")
+    return ast.parse(Path(spec.origin).read_text(encoding="utf-8")), spec.submodule_search_locations is not None
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _defining_module(module: str, name: str, seen: frozenset = frozenset()) -> str:
+    """The module whose code defines ``name`` as imported by ``from module import name``: a submodule of that name,
+    else the module a re-export (``from X import name`` at the top of ``module``) comes from, else ``module``."""
+    if _is_module(f"{module}.{name}"):
+        return f"{module}.{name}"
+    if (module, name) in seen:
+        return module
+    tree, _ = _module_tree(module)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("depthlib"):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _defining_module(node.module, alias.name, seen | {(module, name)})
+    return module
+
+
+def _imported_modules(module: str) -> set[str]:
+    """The depthlib modules whose code ``module`` uses: every ``import depthlib.x`` and ``from depthlib.x import y``
+    anywhere in it (functions included), a name resolved to the module that defines it (:func:`_defining_module`)."""
+    tree, is_package = _module_tree(module)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name == "depthlib" or a.name.startswith("depthlib.")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:                                      # relative: resolve against this module's package
+                parts = module.split(".")
+                base = parts if is_package else parts[:-1]
+                base = base[: len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source == "depthlib" or source.startswith("depthlib."):
+                out |= {_defining_module(source, a.name) for a in node.names if a.name != "*"} or {source}
+    return out - {module}
+
+
+def compute_modules(*entries: str) -> tuple[str, ...]:
+    """The modules whose code decides the numbers of a run computed by ``entries`` (dotted names, a module or
+    ``module:function``): the entry modules and, transitively, the depthlib modules they import, restricted to
+    modules that compute (:func:`is_glue` ones are neither counted nor followed, except an entry itself, whose
+    imports are followed). This is what a run's manifest records under ``code_modules`` and fingerprints."""
+    found: set[str] = set()
+    todo: list[tuple[str, bool]] = [(e.split(":")[0], True) for e in entries]
+    seen: set[str] = set()
+    while todo:
+        module, entry = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        if is_glue(module) and not entry:
+            continue
+        if not is_glue(module):
+            found.add(module)
+        todo += [(m, False) for m in _imported_modules(module)]
+    return tuple(sorted(found))
+
+
 def code_fingerprint(modules: Sequence[str]) -> str:
     """12 hex digits identifying the code of ``modules`` (dotted names): their syntax trees without docstrings.
 
@@ -171,14 +262,14 @@ def file_sha256(path: str | os.PathLike) -> str:
         known = {k: v for k, v in known.items() if not k.startswith(f"{path}|")}
         known[disk_key] = digest
         try:
-            _atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, sort_keys=True)))
+            atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, sort_keys=True)))
         except OSError:
             pass   # a read-only cache only costs hashing again next time
     _DIGESTS[mem_key] = digest
     return digest
 
 
-def _atomic_write(final: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(final: Path, write: Callable[[Path], None]) -> None:
     """Write via a temporary file in the same folder and rename; the temporary file never outlives a failure."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")
@@ -192,7 +283,7 @@ def _atomic_write(final: Path, write: Callable[[Path], None]) -> None:
 def atomic_torch_save(path: Path, state: dict) -> None:
     """``torch.save`` a checkpoint atomically: a crash leaves the previous checkpoint, never a truncated one."""
     import torch
-    _atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
+    atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
 
 
 # ---- one run ----------------------------------------------------------------------------------------------
@@ -228,7 +319,7 @@ class Run:
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         """Write a tidy table atomically (a crash never leaves half a file behind)."""
         final = self.table_path(name)
-        _atomic_write(final, lambda tmp: df.to_parquet(tmp, index=False))
+        atomic_write(final, lambda tmp: df.to_parquet(tmp, index=False))
         return final
 
     def table(self, name: str) -> pd.DataFrame:
@@ -293,7 +384,10 @@ class Run:
 
     def finish(self, *, profile: str, seed: int | None, wall_time_s: float, code: Sequence[str],
                device: str | None = None, **extra: Any) -> dict[str, Any]:
-        """Mark the run complete and record what produced it: ``code`` lists the modules that computed it."""
+        """Mark the run complete and record what produced it: ``code`` names the compute entries (``module:function``,
+        or modules) that computed it, and the manifest records the modules derived from them (:func:`compute_modules`)
+        with their fingerprint."""
+        modules = compute_modules(*code)
         sha, dirty = git_state()
         manifest = {
             "experiment": self.experiment,
@@ -306,8 +400,9 @@ class Run:
             "device": device_description(device),
             "git_sha": sha,
             "git_dirty": dirty,
-            "code_modules": sorted(set(code)),
-            "code_fingerprint": code_fingerprint(code),
+            "code_entries": sorted(set(code)),
+            "code_modules": list(modules),
+            "code_fingerprint": code_fingerprint(modules),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": environment_versions(),
             "tables": {p.stem: {"sha256": _sha256(p), "bytes": p.stat().st_size}
@@ -315,7 +410,7 @@ class Run:
             **extra,
         }
         text = json.dumps(manifest, indent=2, sort_keys=True, default=str, allow_nan=False)
-        _atomic_write(self.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
+        atomic_write(self.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
         return manifest
 
     def elapsed_before(self) -> float:
@@ -328,7 +423,7 @@ class Run:
 
     def record_elapsed(self, seconds: float) -> None:
         """Save the total wall time so far, so a resumed run's manifest counts every segment."""
-        _atomic_write(self.path / "progress.json",
+        atomic_write(self.path / "progress.json",
                       lambda tmp: tmp.write_text(json.dumps({"wall_time_s": round(seconds, 3)})))
 
 
@@ -549,7 +644,7 @@ def commit_run(run: Run, dest: Path | None = None, omit: Sequence[str] = ()) -> 
         manifest["omitted_tables"] = sorted(set(omit) | set(manifest.get("omitted_tables", [])))
         manifest["tables"] = {k: v for k, v in manifest["tables"].items() if k not in omit}
     text = json.dumps(manifest, indent=2, sort_keys=True, default=str, allow_nan=False)
-    _atomic_write(target / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
+    atomic_write(target / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
     return target
 
 
@@ -584,11 +679,78 @@ def staleness_note(run: Run) -> str:
             "They may not be what the current code computes: rebuild with `make book RERUN=1` to recompute.")
 
 
+def _digest_at(commit: str, module: str) -> str | None:
+    """:func:`_module_digest` of ``module``'s source at git ``commit`` (None if it did not exist there)."""
+    spec = importlib.util.find_spec(module)
+    rel = Path(spec.origin).resolve().relative_to(paths.REPO_ROOT.resolve()).as_posix()
+    shown = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=paths.REPO_ROOT, capture_output=True, text=True)
+    if shown.returncode != 0:
+        return None
+    return hashlib.sha256(ast.dump(_strip_docstrings(ast.parse(shown.stdout))).encode()).hexdigest()
+
+
+def restamp(run: Run, *, write: bool = True) -> tuple[str, str]:
+    """Move a committed run recorded under hand-listed code modules to the derived rule, where that hides nothing.
+
+    Returns (verdict, reason); verdict is ``derived`` (already recorded as derived), ``restamped`` or ``recompute``.
+    A run is re-stamped (its manifest's ``code_modules`` and ``code_fingerprint`` replaced by the derived ones, the
+    old ones kept under ``restamped``) only if (1) the old record says it is fresh at the current code and (2) every
+    module the derived rule adds has the same code (docstring-free syntax tree) now as at the run's commit; then the
+    derived fingerprint describes the code that computed it. Otherwise it must be recomputed."""
+    from depthlib.chapters import compute_entry
+    m = run.manifest
+    entry = compute_entry(run.experiment)
+    derived = list(compute_modules(entry))
+    old = list(m.get("code_modules") or [])
+    if old == derived and not run.stale:
+        return "derived", f"records the derived modules of {entry}"
+    if not old or run.stale:
+        return "recompute", "its recorded code differs from the current code (stale under its own record)"
+    sha = m.get("git_sha")
+    added = sorted(set(derived) - set(old))
+    if added and not sha:
+        return "recompute", "no commit recorded to compare the added modules at"
+    changed = [mod for mod in added if _digest_at(sha, mod) != _module_digest(mod)]
+    if changed:
+        return "recompute", f"modules the derived rule adds changed since {sha}: {', '.join(changed)}"
+    if write:
+        head, _ = git_state()
+        m["restamped"] = {"code_modules": old, "code_fingerprint": m.get("code_fingerprint"), "at_commit": head,
+                          "entry": entry, "added": added, "removed": sorted(set(old) - set(derived)),
+                          "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        m["code_entries"] = [entry]
+        m["code_modules"] = derived
+        m["code_fingerprint"] = code_fingerprint(derived)
+        text = json.dumps(m, indent=2, sort_keys=True, default=str, allow_nan=False)
+        atomic_write(run.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
+    added_text = f"added {', '.join(added)} (unchanged since {sha})" if added else "no module added"
+    return "restamped", added_text + (f"; dropped {', '.join(sorted(set(old) - set(derived)))}"
+                                      if set(old) - set(derived) else "")
+
+
+USAGE = ("usage: python -m depthlib.results commit RUN_FOLDER [RUN_FOLDER ...]\n"
+         "       python -m depthlib.results restamp [--dry-run] [RUN_FOLDER ...]   (default: every committed run)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m depthlib.results commit RUN_FOLDER ...`` copies finished local runs into ``data/results``."""
+    """``python -m depthlib.results commit RUN_FOLDER ...`` copies finished local runs into ``data/results``;
+    ``python -m depthlib.results restamp`` moves committed runs to the derived code rule (:func:`restamp`) and prints
+    one line per run: derived, restamped or recompute, with the reason."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["restamp"]:
+        dry = "--dry-run" in argv
+        folders = [Path(a) for a in argv[1:] if a != "--dry-run"]
+        if not folders:
+            root = paths.committed_results_dir()
+            folders = sorted(p.parent for p in root.glob("*/*/manifest.json")) if root is not None else []
+        to_recompute = 0
+        for path in folders:
+            verdict, reason = restamp(Run(path.parent.name, {}, path), write=not dry)
+            to_recompute += verdict == "recompute"
+            print(f"{verdict:10s} {path.parent.name}/{path.name}: {reason}")
+        return 1 if to_recompute else 0
     if len(argv) < 2 or argv[0] != "commit":
-        print("usage: python -m depthlib.results commit RUN_FOLDER [RUN_FOLDER ...]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     for folder in argv[1:]:
         path = Path(folder)

@@ -18,6 +18,11 @@ from depthlib.interventions.suite import SuiteConfig
 from depthlib.interventions.toy import EXPERIMENT as TOY_EXPERIMENT
 from depthlib.interventions.toy import ToyInterventionConfig, run_toy_interventions
 
+#: The compute entry of each experiment's runs (the LMs' ``interventions-<model>``, the toy students'
+#: ``interventions-toy``): their code modules are derived from its imports (:func:`depthlib.results.compute_modules`).
+COMPUTE = {"interventions-": "depthlib.interventions:run_interventions",
+           TOY_EXPERIMENT: "depthlib.interventions.toy:run_toy_interventions"}
+
 
 @dataclass(frozen=True)
 class InterventionProfile:

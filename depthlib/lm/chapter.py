@@ -16,7 +16,11 @@ from depthlib.lm.model import ModelConfig
 from depthlib.lm.series import CODE, EXPERIMENT, SeriesConfig, open_series_run, prepare_data, run_series, train_unit
 from depthlib.lm.train import TrainConfig
 
-__all__ = ["CODE", "EXPERIMENT", "PROFILES", "chapter_run", "describe", "profile_config", "replay", "train"]
+#: The compute entry of the chapter's runs: their code modules are derived from its imports
+#: (:func:`depthlib.results.compute_modules`: the lm package and the probes it runs).
+COMPUTE = {EXPERIMENT: "depthlib.lm.series:run_series"}
+
+__all__ = ["CODE", "COMPUTE", "EXPERIMENT", "PROFILES", "chapter_run", "describe", "profile_config", "replay", "train"]
 
 #: smoke: seconds (four tiny models on 24 addresses; numbers meaningless). cpu: sized by benchmarks on this project's
 #: 2-core machine (benchmarks/bench_lm.py): about 25 minutes of training on idle cores, 38 minutes measured while another

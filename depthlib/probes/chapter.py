@@ -16,6 +16,10 @@ from depthlib import results
 from depthlib.errors import InputError
 from depthlib.probes.stream import ProbeConfig, load_probed_model, probe_documents
 
+#: The compute entry of the chapter's runs (one experiment per model, ``probes-<model>``): their code modules are
+#: derived from its imports (:func:`depthlib.results.compute_modules`).
+COMPUTE = {"probes-": "depthlib.probes:run_probe"}
+
 
 @dataclass(frozen=True)
 class ProbeProfile:

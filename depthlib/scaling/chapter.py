@@ -25,8 +25,9 @@ from depthlib.errors import InputError
 from depthlib.scaling import law
 
 EXPERIMENT = "chinchilla"
-#: The modules whose code decides a run's numbers (its manifest records their fingerprint; not plots, cli, chapter).
-CODE = ("depthlib.scaling.law", "depthlib.data")
+#: The compute entry of each experiment's runs: the modules a run's numbers depend on are derived from its imports
+#: (:func:`depthlib.results.compute_modules`: here scaling.law and data, not this glue).
+COMPUTE = {EXPERIMENT: "depthlib.scaling.chapter:compute"}
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def compute_chapter(profile: str = "smoke", *, data_path: str | Path | None = No
         if not run.has(name):
             run.write_table(name, compute())
             run.record_elapsed(before + time.perf_counter() - start)
-    run.finish(profile=profile, seed=prof.seed, wall_time_s=before + time.perf_counter() - start, code=CODE,
+    run.finish(profile=profile, seed=prof.seed, wall_time_s=before + time.perf_counter() - start, code=COMPUTE.values(),
                n_runs=len(df), n_fitted=int((~law.excluded_mask(df["loss"].to_numpy(), prof.exclude)).sum()))
     (run.path / "progress.json").unlink(missing_ok=True)
     return run

@@ -51,6 +51,9 @@ PROFILES: dict[str, SweepConfig] = {
 #: cpu: 4 depths over three octaves, batch 1024, 24k steps (6.65 GFLOP per step and run). paper: 80k steps, the
 #: paper's six depths, 3 replicates (common random numbers: one teacher per replicate).
 CALIBRATION_EXPERIMENT = "toy-calibration"
+#: The compute entry of each experiment's runs (their code modules are derived from its imports,
+#: :func:`depthlib.results.compute_modules`). The converged protocol's runs get their own entry here.
+COMPUTE = {EXPERIMENT: "depthlib.toy.sweep:run_sweep", CALIBRATION_EXPERIMENT: "depthlib.toy.sweep:run_sweep"}
 CALIBRATION_KINDS = {1.0: "tied", 0.0: "independent"}
 
 

@@ -28,9 +28,10 @@ from depthlib.tracing.patching import KINDS
 from depthlib.tracing.tracer import CausalTracer, TraceConfig, trace_facts
 
 EXPERIMENT = "causal_tracing"
-#: The modules whose code decides a run's numbers (its manifest records their fingerprint; not this module).
-CODE = ("depthlib.tracing.locate", "depthlib.tracing.noise", "depthlib.tracing.patching", "depthlib.tracing.tracer",
-        "depthlib.tracing.facts", "depthlib.models.arch", "depthlib.models.loading", "depthlib.models.hooks")
+#: The compute entry of the chapter's runs: their code modules are derived from its imports
+#: (:func:`depthlib.results.compute_modules`: locate, noise, patching, tracer, facts and the model adapters).
+COMPUTE = {EXPERIMENT: "depthlib.tracing.chapter:compute"}
+CODE = tuple(COMPUTE.values())
 #: The paper's prompt (spec §6: "The space needle is in downtown" -> " Seattle") and two classic ROME facts.
 CHAPTER_PROMPTS = (
     ("The Space Needle is in downtown", "Space Needle", " Seattle"),
