@@ -8,31 +8,26 @@ the committed numbers. A change to the numerics that breaks this means recomputi
 """
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
 from depthlib import paths, results
+from depthlib.chapters import CHAPTERS, chapter_of, compute_entry
 
 ROOT = paths.committed_results_dir()
 
-#: which chapter module replays an experiment's runs (each defines ``replay(run) -> DataFrame``)
-CHAPTERS = {"chinchilla": "depthlib.scaling.chapter", "toy": "depthlib.toy.chapter",
-            "toy-calibration": "depthlib.toy.chapter",
-            "causal_tracing": "depthlib.tracing.chapter", "probes-": "depthlib.probes.chapter",
-            "lm-depth": "depthlib.lm.chapter", "interventions-": "depthlib.interventions.chapter"}
-#: replay tolerances (relative): the toy and the fits are deterministic on one CPU; models in fp32 differ
-#: only by the order of floating-point sums when batches are composed differently
+#: replay tolerances (relative), by experiment (a name ending in "-" is a prefix): the toy and the fits are
+#: deterministic on one CPU; models in fp32 differ only by the order of floating-point sums when batches are composed
+#: differently
 RTOL = {"chinchilla": 1e-9, "toy": 1e-4, "toy-calibration": 1e-4,
         "causal_tracing": 1e-4, "probes-": 1e-4, "lm-depth": 1e-4, "interventions-": 1e-4}
 
 
-def _chapter(experiment: str) -> str:
-    for prefix in CHAPTERS:
+def _rtol(experiment: str) -> float:
+    for prefix in RTOL:
         if experiment == prefix or (prefix.endswith("-") and experiment.startswith(prefix)):
-            return prefix
-    raise AssertionError(f"no chapter replays experiment {experiment!r}: add it to CHAPTERS")
+            return RTOL[prefix]
+    raise AssertionError(f"no replay tolerance for experiment {experiment!r}: add it to RTOL")
 
 
 COMMITTED = sorted(ROOT.glob("*/*/manifest.json")) if ROOT is not None else []
@@ -40,8 +35,20 @@ COMMITTED = sorted(ROOT.glob("*/*/manifest.json")) if ROOT is not None else []
 
 def test_every_chapter_has_a_committed_run():
     experiments = {p.parent.parent.name for p in COMMITTED}
-    for prefix in CHAPTERS:
-        assert any(e == prefix or (prefix.endswith("-") and e.startswith(prefix)) for e in experiments), prefix
+    for chapter in CHAPTERS:
+        assert any(chapter.owns(e) for e in experiments), chapter.name
+
+
+@pytest.mark.parametrize("manifest", COMMITTED, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_committed_run_records_its_derived_code(manifest):
+    """The manifest lists the modules derived from its chapter's compute entry (results.compute_modules), not a
+    hand-kept list that may miss one (a run recorded otherwise was re-stamped where that hid nothing, or must be
+    recomputed: ``python -m depthlib.results restamp`` says which)."""
+    experiment = manifest.parent.parent.name
+    run = results.Run(experiment, {}, manifest.parent)
+    derived = list(results.compute_modules(compute_entry(experiment)))
+    assert run.manifest.get("code_modules") == derived, (
+        f"{run.path} records {run.manifest.get('code_modules')}, its compute entry derives {derived}: recompute it")
 
 
 @pytest.mark.parametrize("manifest", COMMITTED, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
@@ -61,8 +68,7 @@ def test_committed_run_replays(manifest):
     experiment = manifest.parent.parent.name
     run = results.Run(experiment, {}, manifest.parent)
     run.config = run.manifest["config"]
-    chapter = _chapter(experiment)
-    table = importlib.import_module(CHAPTERS[chapter]).replay(run)
+    table = chapter_of(experiment).module.replay(run)
     assert len(table) > 0 and table["committed"].notna().all(), "the replay found nothing to compare"
     np.testing.assert_allclose(table["replayed"].to_numpy(float), table["committed"].to_numpy(float),
-                               rtol=RTOL[chapter], atol=1e-9)
+                               rtol=_rtol(experiment), atol=1e-9)
