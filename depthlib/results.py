@@ -29,10 +29,11 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 
@@ -42,6 +43,8 @@ from depthlib.errors import InputError
 #: The profiles, best first (design: Profiles). ``custom`` marks a run with overridden settings (CLI flags).
 PROFILE_RANK = ("paper", "cpu", "smoke")
 CUSTOM = "custom"
+#: a run's wall time so far while it is computed (private to this module: :func:`computing` removes it)
+PROGRESS = "progress.json"
 
 
 class CorruptRunError(InputError):
@@ -295,6 +298,14 @@ class Run:
     config: dict[str, Any]
     path: Path
 
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Run":
+        """The run in the folder ``path`` (``<root>/<experiment>/<key>``) with the config its manifest records."""
+        path = Path(path)
+        run = cls(path.parent.name, {}, path)
+        run.config = run.manifest.get("config", {})
+        return run
+
     @property
     def key(self) -> str:
         return self.path.name
@@ -415,7 +426,7 @@ class Run:
 
     def elapsed_before(self) -> float:
         """Wall time spent in earlier, interrupted segments of this run (``progress.json``), in seconds."""
-        path = self.path / "progress.json"
+        path = self.path / PROGRESS
         try:
             return float(json.loads(path.read_text()).get("wall_time_s", 0.0))
         except (OSError, ValueError, json.JSONDecodeError):
@@ -423,7 +434,7 @@ class Run:
 
     def record_elapsed(self, seconds: float) -> None:
         """Save the total wall time so far, so a resumed run's manifest counts every segment."""
-        atomic_write(self.path / "progress.json",
+        atomic_write(self.path / PROGRESS,
                       lambda tmp: tmp.write_text(json.dumps({"wall_time_s": round(seconds, 3)})))
 
 
@@ -549,6 +560,130 @@ def fresh_run(experiment: str, config: dict[str, Any]) -> Run:
     return run
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a run was computed: ``folder`` is its run folder and ``saves`` says what is kept there (a rerun
+    of the same command resumes from it)."""
+
+    def __init__(self, folder: Path, saves: str):
+        super().__init__(saves)
+        self.folder, self.saves = Path(folder), saves
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written into the run folder ``filename`` (torch reports a full disk as a
+    RuntimeError of its stream writer)."""
+
+
+def _is_write_failure(err: RuntimeError) -> bool:
+    text = str(err)
+    return any(s in text for s in ("PytorchStreamWriter", "file write failed", "unexpected pos"))
+
+
+@contextmanager
+def guarding(folder: Path, saves: str | None = None) -> Iterator[None]:
+    """Around the computation of a run into ``folder``: any failure removes the temporary files this process left
+    there (a write cut short by a full disk must not keep the disk full); Ctrl-C becomes :class:`RunInterrupted`
+    saying what ``saves`` (default: the finished tables) is kept there; a checkpoint that torch could not write
+    becomes :class:`CheckpointWriteError` naming the folder."""
+    folder = Path(folder)
+    try:
+        yield
+    except BaseException as err:
+        if folder.is_dir():
+            remove_stray_tmp(folder)
+        if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
+            raise RunInterrupted(folder, saves or f"the finished tables are kept in {folder}") from None
+        if isinstance(err, RuntimeError) and _is_write_failure(err):
+            raise CheckpointWriteError(28, "cannot write a checkpoint", str(folder)) from err
+        raise
+
+
+class Computation:
+    """A run being computed (:func:`computing`): the run, whether it was complete when opened, and what its
+    manifest will say besides the lifecycle's own fields."""
+
+    def __init__(self, run: Run, *, profile: str, code: Sequence[str], seed: int | None, device: str | None):
+        self.run, self.profile, self.code, self.seed, self.device = run, profile, tuple(code), seed, device
+        self.complete = run.complete           # complete (and fresh) when opened: nothing to compute
+        self.extra: dict[str, Any] = {}
+        self._stopped = False
+        self._start = time.perf_counter()
+        self._before = 0.0 if self.complete else run.elapsed_before()
+
+    @property
+    def elapsed(self) -> float:
+        """Wall time of this run so far, in seconds, over every segment (an interrupted run resumes its count)."""
+        return self._before + time.perf_counter() - self._start
+
+    def save_progress(self) -> None:
+        """Record the wall time so far, so that a resumed run's manifest counts this segment too."""
+        self.run.record_elapsed(self.elapsed)
+
+    def record(self, **fields: Any) -> None:
+        """Fields the manifest will hold besides the lifecycle's (a summary, the models, the executor ...)."""
+        self.extra.update(fields)
+
+    def stop(self) -> None:
+        """Leave the run unfinished (it resumes next time), e.g. a test that interrupts it on purpose."""
+        self._stopped = True
+
+
+@contextmanager
+def computing(experiment: str, config: dict[str, Any], *, profile: str, code: Sequence[str],
+              seed: int | None = None, device: str | None = None, force: bool = False, root: Path | None = None,
+              tables: Sequence[str] = (), checkpoints: Sequence[str] = (), saves: str | None = None
+              ) -> Iterator[Computation]:
+    """THE run lifecycle: open the run of (experiment, config) in the local cache, check it (:func:`prepare_run`:
+    ``force`` deletes it; a corrupt one, or a complete one computed by other code, is reported, deleted and
+    recomputed; a partial one is kept to resume), hand it to the body, and finish it.
+
+    The body sees a :class:`Computation` ``job``: when ``job.complete`` the run was complete when opened and the body
+    computes nothing (the manifest is left as it is). Otherwise the body writes the run's tables (``job.run``),
+    calls ``job.save_progress()`` after each so that the wall time counts across resumes, and ``job.record(...)`` for
+    manifest fields. On a normal exit the run is finished: its manifest records ``profile``, ``seed``, ``device``,
+    the wall time over all segments and the code modules derived from ``code`` (compute entries,
+    :func:`compute_modules`); the progress file is removed. On an exception the wall time so far is saved and the
+    failure is handled as :func:`guarding` says (``saves``: what an interrupted run keeps): the run resumes next
+    time."""
+    run = prepare_run(open_run(experiment, config, root=root), force=force, tables=tables, checkpoints=checkpoints)
+    if run.complete and not all(run.has(t) for t in tables):
+        shutil.rmtree(run.path)                # a table the manifest does not list went missing: recompute
+    job = Computation(run, profile=profile, code=code, seed=seed, device=device)
+    try:
+        with guarding(run.path, saves.format(folder=run.path) if saves else None):
+            yield job
+    except BaseException:
+        if not job.complete and run.path.exists():
+            try:
+                job.save_progress()
+            except OSError:
+                pass                            # a full disk must not hide the original error
+        raise
+    if job.complete or job._stopped:
+        return
+    run.finish(profile=profile, seed=seed, wall_time_s=job.elapsed, code=code, device=device, **job.extra)
+    (run.path / PROGRESS).unlink(missing_ok=True)
+
+
+def shown_run(experiment: str, profile: str, *, expected_config: Callable[[str], dict | None] | None = None,
+              rerun: bool = False, include_custom: bool = False) -> Run | None:
+    """The run a chapter shows for ``profile`` (:func:`select_run`), checked (:meth:`Run.validate`), or None when
+    there is none; a corrupt local run is reported in one line and deleted (the caller computes it again), a corrupt
+    committed run raises."""
+    run = select_run(experiment, profile, expected_config=expected_config, rerun=rerun,
+                     include_custom=include_custom)
+    if run is None:
+        return None
+    try:
+        return run.validate()
+    except CorruptRunError as err:
+        if run.committed:
+            raise
+        print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
+        shutil.rmtree(run.path)
+        return None
+
+
 def roots(rerun: bool = False) -> list[Path]:
     """Where runs are looked for: committed first, then local; ``rerun`` looks only at local runs."""
     committed = paths.committed_results_dir()
@@ -561,14 +696,12 @@ def find_runs(experiment: str, search: Iterable[Path] | None = None) -> list[Run
     runs = []
     for root in roots() if search is None else [Path(r) for r in search]:
         for manifest in sorted((root / experiment).glob("*/manifest.json")):
-            run = Run(experiment, {}, manifest.parent)
             try:
-                info = run.manifest
+                run = Run.load(manifest.parent)
             except CorruptRunError as err:
                 print(f"[depthlib] skipping {err}", file=sys.stderr)
                 continue
-            if info.get("status") == "complete":
-                run.config = info.get("config", {})
+            if run.complete:
                 runs.append(run)
     return runs
 
@@ -608,17 +741,8 @@ def chapter_run(experiment: str, profile: str, compute: Callable[[], Run], *,
                 include_custom: bool = False) -> Run:
     """The run a chapter shows for ``profile`` (:func:`select_run`), computed now with ``compute`` (cached,
     resumable) if there is none. A corrupt local run is recomputed."""
-    run = select_run(experiment, profile, expected_config=expected_config, rerun=rerun,
-                     include_custom=include_custom)
-    if run is not None:
-        try:
-            return run.validate()
-        except CorruptRunError as err:
-            if run.committed:
-                raise
-            print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
-            shutil.rmtree(run.path)
-    return compute()
+    run = shown_run(experiment, profile, expected_config=expected_config, rerun=rerun, include_custom=include_custom)
+    return run if run is not None else compute()
 
 
 def commit_run(run: Run, dest: Path | None = None, omit: Sequence[str] = ()) -> Path:
@@ -745,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
             folders = sorted(p.parent for p in root.glob("*/*/manifest.json")) if root is not None else []
         to_recompute = 0
         for path in folders:
-            verdict, reason = restamp(Run(path.parent.name, {}, path), write=not dry)
+            verdict, reason = restamp(Run.load(path), write=not dry)
             to_recompute += verdict == "recompute"
             print(f"{verdict:10s} {path.parent.name}/{path.name}: {reason}")
         return 1 if to_recompute else 0
@@ -754,8 +878,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for folder in argv[1:]:
         path = Path(folder)
-        run = Run(path.parent.name, {}, path)
         try:
+            run = Run.load(path)
             if run.stale:
                 raise InputError(f"run {path} was computed by code other than the current code; recompute it first")
             print(commit_run(run.validate()))

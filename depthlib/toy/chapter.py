@@ -1,20 +1,19 @@
-"""Chapter 3's glue: the profiles of the toy sweep, the run the chapter shows, and its replay check.
+"""Chapter 3's glue: the profiles of the toy runs, the runs the chapter shows, and their replay check.
 
-Every chapter has this module with the same three names (design: "Every chapter has the same shape"):
-``PROFILES`` (smoke | cpu | paper settings), ``chapter_run(profile, rerun=...)`` (the run found by
-:func:`depthlib.results.chapter_run`, computed if there is none) and ``replay(run)`` (recompute a cheap prefix
-of a run with the current code and return the committed and recomputed numbers side by side).
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (parts ``sweep``, the phase
+diagram, and ``calibration-tied`` / ``calibration-independent``, its two long edge-cell runs), ``compute``,
+``replay``, ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from depthlib import results
+from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.toy.sweep import (
     EXPERIMENT,
@@ -26,35 +25,25 @@ from depthlib.toy.sweep import (
     run_sweep,
 )
 
-#: The phase diagram. smoke: seconds, proves the code path (numbers meaningless). cpu: teachers of five ρ, all
-#: normalised to the ρ = 0 teacher's displacement (so ρ changes how smooth the teacher is, not how far it goes),
-#: × 3 temperatures, 3 depths over two octaves, batch 256, final lr decay (toy-performance.md §4): 10.6 GFLOP
-#: per step × 6k steps. paper: exp-9 + exp-9-1 (ρ ∈ {0, 1}, 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ
-#: grid at three temperatures.
-PROFILES: dict[str, SweepConfig] = {
-    "smoke": SweepConfig("smoke", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(2, 4, 8),
-                         replicates=1, steps=60, batch=64, eval_every=20, eval_batches=2, eval_batch_size=256,
-                         teacher_depth=16, signature_inputs=128, teacher_norm="displacement"),
-    "cpu": SweepConfig("cpu", variant="exp-9-decay",
-                       cells=grid((0.0, 0.25, 0.5, 0.75, 1.0), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),
-                       depths=(6, 12, 24), replicates=1, steps=6_000, batch=256, eval_every=500,
-                       teacher_norm="displacement"),
-    "paper": SweepConfig("paper", variant="exp-9",
-                         cells=grid((0.0, 1.0), PAPER_TEMPERATURES)
-                         + grid((0.25, 0.5, 0.75, 0.9), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),  # 0.01, 0.117, 1
-                         replicates=3, steps=40_000, batch=1024, eval_every=500),
-}
-
 #: The calibration (paper §4, Fig. 4a,b): the two edge cells at T = 1, the paper's unnormalised teachers, one run
 #: each (so they train side by side as two 1-thread processes). Both in the exp-9-3 form (the student is given
 #: the teacher's fixed head; lr 2.4e-3/√ℓ, final 20 % linear decay to 10 %), so only the teacher differs.
-#: cpu: 4 depths over three octaves, batch 1024, 24k steps (6.65 GFLOP per step and run). paper: 80k steps, the
-#: paper's six depths, 3 replicates (common random numbers: one teacher per replicate).
 CALIBRATION_EXPERIMENT = "toy-calibration"
+CALIBRATION_KINDS = {1.0: "tied", 0.0: "independent"}
 #: The compute entry of each experiment's runs (their code modules are derived from its imports,
 #: :func:`depthlib.results.compute_modules`). The converged protocol's runs get their own entry here.
 COMPUTE = {EXPERIMENT: "depthlib.toy.sweep:run_sweep", CALIBRATION_EXPERIMENT: "depthlib.toy.sweep:run_sweep"}
-CALIBRATION_KINDS = {1.0: "tied", 0.0: "independent"}
+#: The chapter's parts, in the order :func:`runs` returns them (the converged protocol adds its part here)
+PARTS = ("sweep", "calibration")
+
+
+@dataclass(frozen=True)
+class ToyProfile(Profile):
+    """What chapter 3 trains under one profile: the phase-diagram sweep and the two calibration runs."""
+
+    name: str
+    sweep: SweepConfig
+    calibration: tuple[SweepConfig, ...]     # one per CALIBRATION_KINDS teacher, tied first
 
 
 def _calibration(profile: str, **settings) -> tuple[SweepConfig, ...]:
@@ -62,21 +51,44 @@ def _calibration(profile: str, **settings) -> tuple[SweepConfig, ...]:
                  for rho in CALIBRATION_KINDS)
 
 
-CALIBRATION: dict[str, tuple[SweepConfig, ...]] = {
-    "smoke": _calibration("smoke", depths=(2, 4, 8), replicates=1, steps=80, batch=64, eval_every=20,
-                          eval_batches=2, eval_batch_size=256, teacher_depth=16, signature_inputs=128),
-    "cpu": _calibration("cpu", depths=(6, 12, 24, 48), replicates=1, steps=24_000, batch=1024, eval_every=500),
-    "paper": _calibration("paper", depths=(6, 12, 16, 24, 32, 48), replicates=3, steps=80_000, batch=1024,
-                          eval_every=500),
+#: The phase diagram. smoke: seconds, proves the code path (numbers meaningless). cpu: teachers of five ρ, all
+#: normalised to the ρ = 0 teacher's displacement (so ρ changes how smooth the teacher is, not how far it goes),
+#: × 3 temperatures, 3 depths over two octaves, batch 256, final lr decay: 10.6 GFLOP per step × 6k steps. paper:
+#: exp-9 + exp-9-1 (ρ ∈ {0, 1}, 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ grid at three temperatures.
+#: The calibration: cpu: 4 depths over three octaves, batch 1024, 24k steps (6.65 GFLOP per step and run). paper:
+#: 80k steps, the paper's six depths, 3 replicates (common random numbers: one teacher per replicate).
+PROFILES: dict[str, ToyProfile] = {
+    "smoke": ToyProfile(
+        "smoke",
+        SweepConfig("smoke", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(2, 4, 8),
+                    replicates=1, steps=60, batch=64, eval_every=20, eval_batches=2, eval_batch_size=256,
+                    teacher_depth=16, signature_inputs=128, teacher_norm="displacement"),
+        _calibration("smoke", depths=(2, 4, 8), replicates=1, steps=80, batch=64, eval_every=20,
+                     eval_batches=2, eval_batch_size=256, teacher_depth=16, signature_inputs=128)),
+    "cpu": ToyProfile(
+        "cpu",
+        SweepConfig("cpu", variant="exp-9-decay",
+                    cells=grid((0.0, 0.25, 0.5, 0.75, 1.0), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),
+                    depths=(6, 12, 24), replicates=1, steps=6_000, batch=256, eval_every=500,
+                    teacher_norm="displacement"),
+        _calibration("cpu", depths=(6, 12, 24, 48), replicates=1, steps=24_000, batch=1024, eval_every=500)),
+    "paper": ToyProfile(
+        "paper",
+        SweepConfig("paper", variant="exp-9",
+                    cells=grid((0.0, 1.0), PAPER_TEMPERATURES)
+                    + grid((0.25, 0.5, 0.75, 0.9), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),  # 0.01, 0.117, 1
+                    replicates=3, steps=40_000, batch=1024, eval_every=500),
+        _calibration("paper", depths=(6, 12, 16, 24, 32, 48), replicates=3, steps=80_000, batch=1024,
+                     eval_every=500)),
 }
 
 
 def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, depths=None, steps=None,
                    replicates=None, **overrides) -> SweepConfig:
-    """A profile's config, optionally overridden (then labelled ``custom``: never shown by the book)."""
+    """A profile's sweep config, optionally overridden (then labelled ``custom``: never shown by the book)."""
     if profile not in PROFILES:
         raise InputError(f"unknown profile {profile!r} (have {', '.join(PROFILES)})")
-    cfg = PROFILES[profile]
+    cfg = PROFILES[profile].sweep
     changes = dict(overrides)
     if rhos is not None or temperatures is not None:
         r = rhos if rhos is not None else sorted({c[0] for c in cfg.cells})
@@ -94,74 +106,89 @@ def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, dept
     return cfg.validate()
 
 
-def train(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
-          allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT) -> results.Run:
+def calibration_config(profile: str, kind: str) -> SweepConfig:
+    """The calibration run ``kind`` (tied | independent) of ``profile``."""
+    results.check_profile(profile)
+    return next(c for c in PROFILES[profile].calibration if CALIBRATION_KINDS[c.cells[0][0]] == kind)
+
+
+def compute(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
+            allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT, executor=None) -> results.Run:
     """Train (or resume, or load) a sweep, checking its run folder first (:func:`depthlib.results.prepare_run`):
     a partial run with an unreadable curve table or ``checkpoint.pt`` (or a finished run whose manifest or tables
     do not read or fail their checksums) is reported in one stderr line naming its folder, deleted and restarted,
     instead of failing after all the remaining training; ``force`` deletes the run first. Temporary files a crash
-    left in the folder (e.g. a checkpoint cut short by a full disk) are removed."""
-    run = open_sweep_run(cfg, allow_tf32, root, experiment)
-    results.remove_stray_tmp(run.path)
-    results.prepare_run(run, force=force, checkpoints=("checkpoint.pt",))
-    try:
+    left in the folder (e.g. a checkpoint cut short by a full disk) are removed. (The sweep's own lifecycle is
+    :func:`depthlib.toy.sweep.run_sweep`'s.) With an :class:`~depthlib.executors.ExecutorConfig` other than serial,
+    the phase-diagram sweep is trained as one shard per ρ (:mod:`depthlib.toy.shards`)."""
+    if executor is not None and executor.kind != "serial" and experiment == EXPERIMENT:
+        if force or allow_tf32:
+            raise InputError("--force and --tf32 work with --executor serial only")
+        from depthlib.toy import shards
+        return shards.run_sharded(cfg, executor, device)
+    run = results.prepare_run(open_sweep_run(cfg, allow_tf32, root, experiment), force=force,
+                              checkpoints=("checkpoint.pt",))
+    with results.guarding(run.path, f"the sweep's last checkpoint (every evaluation on the CPU) is in {run.path}"):
         return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root, experiment=experiment)
-    finally:
-        results.remove_stray_tmp(run.path)
 
 
-def _expected(profile: str) -> dict | None:
-    return PROFILES[profile].to_dict() if profile in PROFILES else None
-
-
-def chapter_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,
-                progress: bool = False) -> results.Run:
-    """The sweep chapter 3 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`);
-    if there is none, the profile is trained now (cached, resumable)."""
+def sweep_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None,
+              progress: bool = False) -> results.Run:
+    """The sweep chapter 3 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`); if there is
+    none, the profile is trained now (cached, resumable), in this process or, with an
+    :class:`~depthlib.executors.ExecutorConfig`, as one shard per ρ (:mod:`depthlib.toy.shards`)."""
     results.check_profile(profile)
-    return results.chapter_run(EXPERIMENT, profile, lambda: train(PROFILES[profile], device, progress=progress),
-                               expected_config=_expected, rerun=rerun)
+
+    def make() -> results.Run:
+        return compute(PROFILES[profile].sweep, device, progress=progress, executor=executor)
+
+    return results.chapter_run(EXPERIMENT, profile, make, rerun=rerun,
+                               expected_config=lambda p: PROFILES[p].sweep.to_dict() if p in PROFILES else None)
 
 
 def train_calibration(profile: str, kind: str, device: str = "cpu") -> str:
     """Train (or resume, or load) one calibration run (``kind``: tied | independent); returns its folder.
     Module-level, so an executor can run the two side by side."""
-    cfg = next(c for c in CALIBRATION[profile] if CALIBRATION_KINDS[c.cells[0][0]] == kind)
-    return str(train(cfg, device, progress=False, experiment=CALIBRATION_EXPERIMENT).path)
+    return str(compute(calibration_config(profile, kind), device, progress=False,
+                       experiment=CALIBRATION_EXPERIMENT).path)
 
 
 def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,
                      executor=None) -> dict[str, results.Run]:
     """The calibration runs chapter 3 shows for ``profile``, by kind (``tied``, ``independent``): the same rule
-    as every chapter (:func:`depthlib.results.select_run`, matched on each run's own config). Missing ones are
+    as every chapter (:func:`depthlib.results.shown_run`, matched on each run's own config). Missing ones are
     trained now, in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as units of it."""
     from depthlib import executors
     results.check_profile(profile)
-    found, missing = {}, []
-    for i, cfg in enumerate(CALIBRATION[profile]):
+    kinds = [CALIBRATION_KINDS[c.cells[0][0]] for c in PROFILES[profile].calibration]
+    found = {}
+    for i, kind in enumerate(kinds):
         def expected(prof, i=i):
-            return CALIBRATION[prof][i].to_dict() if prof in CALIBRATION else None
-        kind = CALIBRATION_KINDS[cfg.cells[0][0]]
-        run = results.select_run(CALIBRATION_EXPERIMENT, profile, expected_config=expected, rerun=rerun)
-        try:
-            found[kind] = run.validate() if run is not None else None
-        except results.CorruptRunError as err:
-            if run.committed:
-                raise
-            print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
-            shutil.rmtree(run.path)
-            found[kind] = None
-        if found[kind] is None:
-            missing.append(kind)
+            return PROFILES[prof].calibration[i].to_dict() if prof in PROFILES else None
+        found[kind] = results.shown_run(CALIBRATION_EXPERIMENT, profile, expected_config=expected, rerun=rerun)
+    missing = [kind for kind in kinds if found[kind] is None]
     if missing:
         units = [executors.Unit(f"calibration-{kind}", "depthlib.toy.chapter:train_calibration",
                                 {"profile": profile, "kind": kind, "device": device}) for kind in missing]
-        runs = executors.finished_runs(units, executor or executors.ExecutorConfig(), CALIBRATION_EXPERIMENT,
-                                       f"calibration ({profile})")
-        for kind, run in zip(missing, runs):
-            found[kind] = run
-            found[kind].config = run.manifest["config"]
-    return {kind: found[kind] for kind in (CALIBRATION_KINDS[c.cells[0][0]] for c in CALIBRATION[profile])}
+        computed = executors.finished_runs(units, executor or executors.ExecutorConfig(), f"calibration ({profile})")
+        found.update(zip(missing, computed))
+    return {kind: found[kind] for kind in kinds}
+
+
+def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+         parts: tuple[str, ...] = PARTS) -> dict[str, results.Run]:
+    """The runs chapter 3 shows for ``profile``, by part: ``sweep`` (the phase diagram) and
+    ``calibration-tied``, ``calibration-independent``; each found by the one rule or computed now."""
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise InputError(f"chapter 3 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
+    out = {}
+    if "sweep" in parts:
+        out["sweep"] = sweep_run(profile, device, rerun=rerun, executor=executor)
+    if "calibration" in parts:
+        out.update({f"calibration-{k}": r for k, r in
+                    calibration_runs(profile, device, rerun=rerun, executor=executor).items()})
+    return out
 
 
 def calibration_tables(runs: dict[str, results.Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -240,8 +267,7 @@ def replay(run: results.Run, n_students: int = 1) -> pd.DataFrame:
 
 def config_of(run: results.Run) -> SweepConfig:
     """The :class:`SweepConfig` a run was trained with."""
-    return SweepConfig(**{**run.config, "cells": tuple(tuple(c) for c in run.config["cells"]),
-                          "depths": tuple(run.config["depths"])})
+    return from_dict(SweepConfig, run.config)
 
 
 def describe(run: results.Run) -> dict:
@@ -252,3 +278,20 @@ def describe(run: results.Run) -> dict:
                                                              "teacher_depth")},
             "rhos": sorted({cell[0] for cell in c.get("cells", [])}),
             "temperatures": sorted({cell[1] for cell in c.get("cells", [])}), "flop": m.get("flop_total")}
+
+
+def summary(run: results.Run) -> dict:
+    """The key numbers of a run: α_ℓ with its interval per (ρ, T) cell, and what the run cost."""
+    m, alpha = run.manifest, run.table("alpha")
+    return {"run": str(run.path), **describe(run), "device": m.get("device"),
+            "students": m.get("n_students"),
+            "alpha": [{"rho": r.rho, "temperature": r.temperature, "alpha": _rounded(r.alpha), "lo": _rounded(r.lo),
+                       "hi": _rounded(r.hi)} for r in alpha.itertuples()],
+            "interval": str(alpha["interval"].iloc[0]) if len(alpha) else None,
+            "throughput": {"model_steps_per_s": m.get("model_steps_per_s"), "gflop_per_s": m.get("gflop_per_s"),
+                           "wall_time_s": m.get("wall_time_s")}}
+
+
+def _rounded(x, digits: int = 3):
+    """Rounded float, or None (JSON null) where a fit is undefined (e.g. no interval from two depths)."""
+    return None if x is None or not np.isfinite(float(x)) else round(float(x), digits)
