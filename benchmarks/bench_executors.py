@@ -57,7 +57,7 @@ def main() -> None:
           f"{list(cfg.depths)}, {cfg.steps} steps × batch {cfg.batch}; {cores} cores", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         torch.set_num_threads(cores)
-        serial, t_serial = _timed(Path(tmp) / "serial", lambda: chapter.train(cfg, progress=False))
+        serial, t_serial = _timed(Path(tmp) / "serial", lambda: chapter.compute(cfg, progress=False))
         print(f"serial, {cores} torch threads: {t_serial:.1f} s", flush=True)
         ex = executors.ExecutorConfig("joblib", jobs=args.jobs, threads=max(1, cores // args.jobs))
         merged, t_jobs = _timed(Path(tmp) / "joblib", lambda: shards.run_sharded(cfg, ex))

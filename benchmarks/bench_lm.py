@@ -46,9 +46,9 @@ def bench(args) -> dict:
     device = torch.device(args.device)
     if device.type == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
-    cfg = chapter.PROFILES[args.profile]
+    cfg = chapter.PROFILES[args.profile].series
     if args.quick:
-        cfg = chapter.PROFILES["smoke"]
+        cfg = chapter.PROFILES["smoke"].series
     depths = sorted(args.depths or cfg.depths)
     vocab, T, B = cfg.vocab_size, cfg.model.context, cfg.train.batch_size
     g = torch.Generator().manual_seed(0)

@@ -161,7 +161,7 @@ def bench(args) -> dict:
 def sweep_projection(args, device) -> dict:
     """Time the exp-9 + exp-9-1 sweep engine (or a tiny stand-in with --quick) and project 40k steps."""
     from depthlib.toy import chapter, sweep
-    cfg = chapter.PROFILES["paper"]
+    cfg = chapter.PROFILES["paper"].sweep
     cells = sweep.grid((0.0, 1.0), sweep.PAPER_TEMPERATURES)
     if args.quick:
         cfg = sweep.SweepConfig("quick", cells=sweep.grid((0.0, 1.0), (1.0,)), depths=(2, 4), replicates=1,

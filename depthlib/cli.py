@@ -13,12 +13,13 @@ import math
 import os
 import shlex
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 from depthlib.errors import InputError
-from depthlib.results import PROFILE_RANK
+from depthlib.results import PROFILE_RANK, CheckpointWriteError
 
 PROFILES = PROFILE_RANK[::-1]   # smoke, cpu, paper: the one list of profiles (depthlib.results)
 
@@ -70,7 +71,8 @@ def _add_force(p, note: str = "") -> None:
 
 def _add_executor(p) -> None:
     """--executor and its settings (depthlib.executors): where the units of a run go."""
-    g = p.add_argument_group("executors (issue 14)")
+    g = p.add_argument_group("where the units of work run (serial: this process; joblib: local workers; "
+                             "submitit: SLURM jobs)")
     g.add_argument("--executor", choices=("serial", "joblib", "submitit"), default="serial",
                    help="serial: this process (default); joblib: local worker processes; submitit: SLURM jobs")
     g.add_argument("--jobs", type=int, default=2, help="joblib worker processes (default 2)")
@@ -109,7 +111,7 @@ def _add_fit(sub) -> None:
     p.add_argument("--data", default=None, metavar="CSV", help="a local copy of the Chinchilla CSV")
     _add_force(p, "fits are never cached (seconds), so every fit is computed afresh anyway")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_fit, saves=None)
+    p.set_defaults(handler=_cmd_fit)
 
 
 def _cmd_fit(args) -> dict[str, Any]:
@@ -182,19 +184,19 @@ def _add_toy(sub) -> None:
     _add_force(p)
     _add_executor(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_toy, saves=None)
+    p.set_defaults(handler=_cmd_toy)
 
 
 def _cmd_toy(args) -> dict[str, Any]:
+    started = time.time()
     from depthlib import runtime, validate
     from depthlib.toy import chapter, sweep
-    runtime.configure_process(1 if args.threads is None else args.threads, name="--threads")   # 1: the fast default
+    if args.threads is None:
+        runtime.configure_process(1)   # the fast default: the toy's small matmuls run faster on 1 thread than on 2
     validate.resolve_device(args.device)
     if args.protocol == "converged":
         return _toy_converged(args)
     executor = _executor_config(args)
-    if executor.kind != "serial" and (args.force or args.tf32):
-        raise InputError("--force and --tf32 work with --executor serial only")
     if args.calibration is not None:
         changed = [f"--{k}" for k in ("rho", "temperature", "depths", "steps", "replicates", "variant")
                    if getattr(args, k) is not None]
@@ -202,43 +204,19 @@ def _cmd_toy(args) -> dict[str, Any]:
             raise InputError(f"--calibration runs a profile's fixed settings; drop {', '.join(changed)}")
         if args.calibration == "both":
             return _toy_calibration_both(args, executor)
-        kinds = {kind: rho for rho, kind in chapter.CALIBRATION_KINDS.items()}
-        cfg = next(c for c in chapter.CALIBRATION[args.profile] if c.cells[0][0] == kinds[args.calibration])
-        experiment = chapter.CALIBRATION_EXPERIMENT
+        cfg, experiment = chapter.calibration_config(args.profile, args.calibration), chapter.CALIBRATION_EXPERIMENT
     else:
         cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature,
                                      depths=args.depths, steps=args.steps, replicates=args.replicates,
                                      **({"variant": args.variant} if args.variant else {}))
         experiment = sweep.EXPERIMENT
-    folder = sweep.open_sweep_run(cfg, args.tf32, experiment=experiment).path
-    args.save_dir, args.saves = folder, f"the sweep's last checkpoint (every evaluation on the CPU) is in {folder}"
-    before = None if args.force else _finished_at(folder)
-    if executor.kind == "serial" or args.calibration is not None:
-        run = chapter.train(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32,
-                            experiment=experiment)
-    else:
-        from depthlib.toy import shards
-        shard_root = folder.parent.parent / shards.SHARD_EXPERIMENT
-        args.saves = f"finished shards (one per ρ) and their checkpoints are under {shard_root}"
-        run = shards.run_sharded(cfg, executor, args.device)
-    cached = before is not None and run.manifest.get("created") == before     # not recomputed (e.g. as corrupt)
-    if cached:
-        print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
-    m = run.manifest
-    alpha = run.table("alpha")
-    out = {
-        "profile": cfg.profile,
-        "meaningful": args.profile != "smoke",
-        "device": m.get("device"),
-        "students": m.get("n_students"),
-        "steps": cfg.steps, "batch": cfg.batch, "depths": list(cfg.depths),
-        "alpha": [{"rho": r.rho, "temperature": r.temperature, "alpha": _round_or_none(r.alpha),
-                   "lo": _round_or_none(r.lo), "hi": _round_or_none(r.hi)} for r in alpha.itertuples()],
-        "interval": str(alpha["interval"].iloc[0]),
-        "throughput": {"model_steps_per_s": m.get("model_steps_per_s"), "gflop_per_s": m.get("gflop_per_s"),
-                       "wall_time_s": m.get("wall_time_s"), "loaded_from_cache": cached},
-        "run": str(run.path),
-    }
+    run = chapter.compute(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32,
+                          experiment=experiment, executor=None if args.calibration else executor)
+    out = chapter.summary(run)
+    out = {"profile": cfg.profile, "meaningful": args.profile != "smoke", "device": out["device"],
+           "students": out["students"], "steps": cfg.steps, "batch": cfg.batch, "depths": list(cfg.depths),
+           "alpha": out["alpha"], "interval": out["interval"],
+           "throughput": {**out["throughput"], "loaded_from_cache": _loaded(run, started)}, "run": out["run"]}
     if not args.json:  # a readable table: one line per (ρ, T)
         out["alpha"] = {f"rho={a['rho']:g}, T={a['temperature']:.3g}": f"{a['alpha']} [{a['lo']}, {a['hi']}]"
                         for a in out["alpha"]}
@@ -254,15 +232,7 @@ def _toy_converged(args) -> dict[str, Any]:
         raise InputError(f"--protocol converged runs a profile's fixed settings; drop {', '.join(changed)}")
     executor = _executor_config(args) if args.executor != "serial" else None
     run = chapter.converged_run(args.profile, args.device, executor=executor)
-    summary, sep = run.table("alpha_summary"), run.table("separation").iloc[0]
-    best = run.table("best")
-    return {"profile": args.profile, "meaningful": args.profile != "smoke",
-            "alpha": [{"teacher": r.teacher, "temperature": r.temperature, "alpha": _round_or_none(r.alpha),
-                       "lo": _round_or_none(r.lo), "hi": _round_or_none(r.hi), "replicates": int(r.replicates)}
-                      for r in summary.itertuples()],
-            "tied_minus_independent": {k: _round_or_none(sep[k]) for k in ("diff", "lo", "hi")},
-            "students_converged": f"{int(best['converged'].sum())} of {len(best)}",
-            "wall_time_s": run.manifest.get("wall_time_s"), "run": str(run.path)}
+    return {"profile": args.profile, "meaningful": args.profile != "smoke", **chapter.summary(run)}
 
 
 def _toy_calibration_both(args, executor) -> dict[str, Any]:
@@ -278,13 +248,12 @@ def _toy_calibration_both(args, executor) -> dict[str, Any]:
             "wall_time_s": {kind: run.manifest.get("wall_time_s") for kind, run in runs.items()}}
 
 
-def _finished_at(folder: Path) -> str | None:
-    """When the run in ``folder`` was finished (its manifest's ``created``), or None: not finished or unreadable."""
-    try:
-        m = json.loads((folder / "manifest.json").read_text())
-        return m.get("created") if m.get("status") == "complete" else None
-    except (OSError, ValueError, AttributeError):
-        return None
+def _loaded(run, started: float) -> bool:
+    """Whether ``run`` was finished before ``started`` (``time.time()``): loaded from the cache, not computed now."""
+    loaded = (run.path / "manifest.json").stat().st_mtime < started
+    if loaded:
+        print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
+    return loaded
 
 
 def _round_or_none(x: float, digits: int = 3):
@@ -316,43 +285,25 @@ def _add_probe(sub) -> None:
                    help="with --executor joblib|submitit: probe the documents as N shards, merged into one run "
                         "(default: --jobs)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_probe, saves=None)
+    p.set_defaults(handler=_cmd_probe)
 
 
 def _cmd_probe(args) -> dict[str, Any]:
     from depthlib import probes
-    from depthlib.probes import trajectory
     cfg = probes.ProbeConfig(max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
                              device=args.device, lenses=not args.no_lenses,
                              lens_tokens_per_doc=args.lens_tokens or None, lens_docs=args.lens_docs, seed=args.seed)
     if args.lens_tokens < 0:
         raise InputError(f"--lens-tokens must be >= 0 (0: all tokens), got {args.lens_tokens}")
-    from depthlib import results, validate
+    from depthlib import validate
+    from depthlib.probes import chapter
     if args.corpus not in ("sotu", "fineweb"):
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)
-    folder = results.open_run(probes.experiment_name(args.model),
-                              probes.probe_key(args.model, args.corpus, args.docs, cfg.validate())).path
-    args.save_dir, args.saves = folder, f"finished documents are checkpointed in {folder} (every 4 batches)"
-    executor = _executor_config(args)
-    if executor.kind == "serial":
-        run = probes.run_probe(args.model, args.corpus, args.docs, cfg, progress=True, force=args.force)
-    else:
-        if args.force:
-            raise InputError("--force works with --executor serial only")
-        from depthlib.probes import shards
-        n_shards = validate.int_in_range("--shards", args.shards if args.shards is not None else executor.jobs, 1)
-        args.saves = f"finished shards and their checkpoints are under {folder.parent.parent / probes.SHARD_EXPERIMENT}"
-        run = shards.run_sharded(args.model, args.corpus, args.docs, cfg, executor, n_shards)
-    out = dict(run.manifest["summary"])
-    for key in ("probe_seconds", "vocab_size"):
-        out.pop(key, None)
-    tokens = run.table("tokens")
-    analysis = trajectory.analyze_trajectories(trajectory.theta_matrix(tokens))
-    out["cluster_fractions"] = {k: round(v, 4) for k, v in analysis.fractions.items()}
-    small = trajectory.small_cluster_tokens(tokens, analysis)
-    out["small_cluster"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in small.items()}
-    out["results"] = str(run.path)
+    run = chapter.compute(args.model, args.corpus, args.docs, cfg, executor=_executor_config(args), shards=args.shards,
+                          force=args.force)
+    out = chapter.summary(run)
+    out["results"] = out.pop("run")
     return out
 
 
@@ -384,12 +335,12 @@ def _add_trace(sub) -> None:
     p.add_argument("--shards", type=int, default=None, metavar="N",
                    help="with --profile and --executor joblib|submitit: each model's facts in N slices (default: --jobs)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_trace, saves=None)
+    p.set_defaults(handler=_cmd_trace)
 
 
 def _cmd_trace_chapter(args) -> dict[str, Any]:
     """``depthlib trace --profile P``: the chapter run, in this process or as jobs of --executor."""
-    from depthlib import results, validate
+    from depthlib import validate
     from depthlib.tracing import chapter, shards
     given = [f"--{k}" for k in ("prompt", "subject", "target") if getattr(args, k) is not None]
     if given:
@@ -397,19 +348,15 @@ def _cmd_trace_chapter(args) -> dict[str, Any]:
     validate.resolve_device(args.device)
     extra = [args.model] if args.model and args.model not in chapter.PROFILES[args.profile].models else []
     executor = _executor_config(args)
-    folder = results.open_run(chapter.EXPERIMENT, chapter.chapter_config(args.profile, extra)).path
-    args.save_dir, args.saves = folder, f"finished models are kept in {folder}"
     if executor.kind == "serial":
-        run = chapter.compute_chapter(args.profile, extra_models=extra, device=args.device, progress=True)
+        run = chapter.compute(args.profile, extra_models=extra, device=args.device, progress=True)
     else:
         n = validate.int_in_range("--shards", args.shards if args.shards is not None else executor.jobs, 1)
-        args.saves = f"finished shards are under {folder.parent.parent / shards.SHARD_EXPERIMENT}"
         run = shards.run_sharded(args.profile, executor, extra_models=extra, device=args.device, fact_shards=n)
-    facts = chapter.chapter_tables(run)["facts"]
-    return {"profile": args.profile, "meaningful": args.profile != "smoke", "models": run.config["models"],
-            "facts_traced": {m: int(g["fact_id"].nunique()) for m, g in facts.groupby("model")} if len(facts) else {},
-            "executor": run.manifest.get("executor", "serial"), "wall_time_s": run.manifest.get("wall_time_s"),
-            "run": str(run.path)}
+    out = chapter.summary(run)
+    return {"profile": args.profile, "meaningful": args.profile != "smoke", "models": out["models"],
+            "facts_traced": out["facts_traced"], "executor": out["executor"], "wall_time_s": out["wall_time_s"],
+            "run": out["run"]}
 
 
 def _cmd_trace(args) -> dict[str, Any]:
@@ -458,32 +405,25 @@ def _add_intervene(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     _add_force(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_intervene, saves=None)
+    p.set_defaults(handler=_cmd_intervene)
 
 
 def _cmd_intervene(args) -> dict[str, Any]:
-    from depthlib import interventions, results, validate
-    from depthlib.interventions.analysis import plan_effects
+    from depthlib import interventions, validate
+    from depthlib.interventions import chapter
     if args.corpus not in ("sotu", "fineweb"):
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)
     validate.int_in_range("--docs", args.docs, 1)
     cfg = interventions.InterventionConfig(max_length=args.max_length, batch_size=args.batch_size,
                                            rank_docs=args.rank_docs, device=args.device).validate()
-    folder = results.open_run(interventions.experiment_name(args.model),
-                              interventions.intervention_key(args.model, args.corpus, args.docs, cfg, args.plan)).path
-    args.save_dir, args.saves = folder, f"finished batches are checkpointed in {folder}"
-    run = interventions.run_interventions(args.model, args.corpus, args.docs, cfg, plans=args.plan, progress=True,
-                                          force=args.force)
-    effects = plan_effects(run.table("plans"), run.table("scores")).drop_duplicates("plan")
-    s = run.manifest["summary"]
+    run = chapter.compute(args.model, args.corpus, args.docs, cfg, plans=args.plan, progress=True, force=args.force)
+    s = chapter.summary(run)
     return {"model": args.model, "n_blocks": s["n_blocks"], "documents": s["n_docs"], "tokens": s["n_tokens"],
             "baseline_loss": _round_or_none(s["baseline_loss"], 4),
-            "plans": [{"plan": r.plan, "family": r.family, "rule": r.rule, "loss": _round_or_none(r.loss, 4),
-                       "delta_loss": _round_or_none(r.delta_loss, 4), "kl": _round_or_none(r.kl, 5),
-                       "top1_agreement": _round_or_none(r.agree, 4)} for r in effects.itertuples()],
-            "units": "loss, delta_loss, kl: nats per predicted token; kl = KL(unedited || edited)",
-            "results": str(run.path)}
+            "plans": [{**p, **{k: _round_or_none(p[k], 5 if k == "kl" else 4)
+                               for k in ("loss", "delta_loss", "kl", "top1_agreement")}} for p in s["plans"]],
+            "units": s["units"], "results": s["run"]}
 
 
 # ---- lm-depth (issue 13) ---------------------------------------------------------------------------
@@ -497,46 +437,22 @@ def _add_lm_depth(sub) -> None:
     _add_force(p)
     _add_executor(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_lm_depth, saves=None)
+    p.set_defaults(handler=_cmd_lm_depth)
 
 
 def _cmd_lm_depth(args) -> dict[str, Any]:
-    from depthlib import paths, runtime, validate
-    from depthlib.lm import chapter, series
-    runtime.configure_process(args.threads, name="--threads")
+    started = time.time()
+    from depthlib import paths, validate
+    from depthlib.lm import chapter
     device = chapter.default_device(args.profile) if args.device is None else args.device
     validate.resolve_device(device)
     cfg = chapter.profile_config(args.profile)
-    folder = series.open_series_run(cfg).path
-    args.save_dir, args.saves = folder, (f"finished models and the current model's last checkpoint (every "
-                                         f"{cfg.train.eval_every} steps) are in {folder}")
-    before = None if args.force else _finished_at(folder)
-    executor = _executor_config(args)
-    if executor.kind != "serial":
-        args.saves += "; with --executor, each (depth, seed) is one job"
-    run = chapter.train(cfg, device, force=args.force, progress=True, executor=executor)
-    cached = before is not None and run.manifest.get("created") == before
-    if cached:
-        print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
-    m, s = run.manifest, run.manifest["summary"]
-    d = chapter.describe(run)
-    return {
-        "profile": cfg.profile, "meaningful": args.profile != "smoke", "device": m.get("device"),
-        "arch": d["arch"], "d_model": d["d_model"], "context": d["context"], "vocab_size": d["vocab_size"],
-        "depths": list(cfg.depths), "seeds": list(cfg.seeds), "steps": cfg.train.steps,
-        "tokens_per_model": s["tokens_per_model"], "train_tokens": d["train_tokens"],
-        "held_out_documents": d["held_out_documents"],
-        "val_loss": s["val_loss"],
-        "fit": {"law": "L = L_inf + c_l * depth^-alpha_l", "alpha_l": s["alpha_l"], "L_inf": s["L_inf"], "c_l": s["c_l"],
-                "interval": f"95% percentile, paired bootstrap over held-out documents ({s['bootstrap']['n_resamples']} "
-                            "resamples)",
-                "share_undefined_or_at_bound": s["bootstrap"]["share_undefined_or_at_bound"]},
-        "alpha_theta": s["alpha_theta"], "theta_middle_mean": s["theta_middle_mean"], "theta_dh_mean": s["theta_dh_mean"],
-        "n_params": s["n_params"], "n_non_embedding": s["n_non_embedding"],
-        "throughput": {k: _round_or_none(v, 4) for k, v in m.get("throughput", {}).items()},
-        "wall_time_s": m.get("wall_time_s"), "loaded_from_cache": cached, "run": str(run.path),
-        "models": [str(paths.cache_dir() / f) for f in run.table("models")["folder"]],
-    }
+    run = chapter.compute(cfg, device, force=args.force, progress=True, executor=_executor_config(args))
+    s = chapter.summary(run)
+    throughput = {k: _round_or_none(v, 4) for k, v in s.pop("throughput").items()}
+    return {**{k: v for k, v in s.items() if k != "run"}, "meaningful": args.profile != "smoke",
+            "throughput": throughput, "loaded_from_cache": _loaded(run, started), "run": s["run"],
+            "models": [str(paths.cache_dir() / f) for f in run.table("models")["folder"]]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -582,24 +498,6 @@ def _environment_error(err: BaseException) -> str:
     return f"cannot write{place}: {what}; {hint}"
 
 
-def _is_write_failure(err: RuntimeError) -> bool:
-    """torch.save's stream writer reports a full disk as a RuntimeError, not an OSError."""
-    text = str(err)
-    return any(s in text for s in ("PytorchStreamWriter", "file write failed", "unexpected pos"))
-
-
-def _cleanup(args) -> None:
-    """Remove temporary files this process left in the cache (a failed write must not keep a disk full)."""
-    from depthlib import paths, results
-    folder = getattr(args, "save_dir", None)
-    try:
-        folder = Path(folder) if folder is not None else paths.local_results_dir()
-    except Exception:  # noqa: BLE001 - best effort
-        return
-    if folder.is_dir():
-        results.remove_stray_tmp(folder)
-
-
 class _Stderr:
     """sys.stderr that remembers whether its last write ended a line (a progress bar cut short by an error leaves
     its line open: the one-line message must start on a line of its own)."""
@@ -640,9 +538,14 @@ def _resume_command(argv: list[str]) -> str:
     return shlex.join(["depthlib", *[a for a in argv if a != "--force"]])
 
 
-def main(argv: list[str] | None = None) -> int:
+def _process_settings(args) -> None:
+    """Settings of this process for long CPU runs, made once here and not at import
+    (:func:`depthlib.runtime.configure_process`): passive OpenMP waiting, steady glibc malloc, ``--threads``."""
     from depthlib.runtime import configure_process
-    configure_process()                   # before torch loads: passive OpenMP waiting, steady malloc (runtime.py)
+    configure_process(getattr(args, "threads", None), name="--threads")
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -663,6 +566,7 @@ def _run(args: argparse.Namespace, argv: list[str], prefix: str) -> int:
     """Run the command's handler and turn every way it can end into the contract's exit status and one line."""
     handler: Callable[[argparse.Namespace], dict[str, Any]] = args.handler
     try:
+        _process_settings(args)
         result = handler(args)
         if getattr(args, "json", False):
             _print_json(result)
@@ -680,24 +584,18 @@ def _run(args: argparse.Namespace, argv: list[str], prefix: str) -> int:
         except (OSError, ValueError):
             pass
         return 0
-    except KeyboardInterrupt:
-        _cleanup(args)
-        saves = getattr(args, "saves", None)
+    except KeyboardInterrupt as err:
+        saves = getattr(err, "saves", None)            # results.RunInterrupted: what the run keeps, and where
         said = (f"{saves}; run `{_resume_command(argv)}` again to resume" if saves
                 else "nothing was saved (this command keeps no partial results); run it again to redo it")
         _say(f"{prefix}: interrupted: {said}", last=True)
         return 130
-    except OSError as err:
-        _cleanup(args)
-        _say(f"{prefix}: error: {_environment_error(err)}", last=True)
-        return 1
-    except RuntimeError as err:
-        if not _is_write_failure(err):
-            raise
-        _cleanup(args)
-        folder = getattr(args, "save_dir", None) or "the results cache"
-        _say(f"{prefix}: error: cannot write a checkpoint in {folder}: the disk is full or not writable; "
+    except CheckpointWriteError as err:
+        _say(f"{prefix}: error: cannot write a checkpoint in {err.filename}: the disk is full or not writable; "
              "free some space, or point DEPTHLIB_CACHE_DIR at another disk", last=True)
+        return 1
+    except OSError as err:
+        _say(f"{prefix}: error: {_environment_error(err)}", last=True)
         return 1
     return 0
 

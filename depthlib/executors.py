@@ -222,13 +222,13 @@ def failures(outcomes: list[Outcome]) -> str | None:
     return "; ".join(f"{o.label} failed ({o.error}; log: {o.log})" for o in bad)
 
 
-def finished_runs(units: list[Unit], cfg: ExecutorConfig, experiment: str, what: str) -> list:
-    """Run ``units`` and return their finished :class:`depthlib.results.Run` s (of ``experiment``), in order; if any
+def finished_runs(units: list[Unit], cfg: ExecutorConfig, what: str) -> list:
+    """Run ``units`` and return their finished :class:`depthlib.results.Run` s, in order; if any
     failed, raise one :class:`InputError` line naming ``what``, each failed unit and its log (the rest stay cached)."""
     from depthlib.results import Run
     outcomes = run_units(units, cfg)
     problem = failures(outcomes)
     if problem:
         raise InputError(f"{what}: {problem}; the finished units are cached, rerun to resume")
-    return [Run(experiment, {}, Path(o.run)) for o in outcomes]
+    return [Run.load(o.run) for o in outcomes]
 

@@ -29,10 +29,11 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 
@@ -42,6 +43,8 @@ from depthlib.errors import InputError
 #: The profiles, best first (design: Profiles). ``custom`` marks a run with overridden settings (CLI flags).
 PROFILE_RANK = ("paper", "cpu", "smoke")
 CUSTOM = "custom"
+#: a run's wall time so far while it is computed (private to this module: :func:`computing` removes it)
+PROGRESS = "progress.json"
 
 
 class CorruptRunError(InputError):
@@ -90,6 +93,97 @@ def _module_digest(module: str) -> str:
         raise InputError(f"cannot fingerprint {module!r}: no Python source found")
     tree = _strip_docstrings(ast.parse(Path(spec.origin).read_text(encoding="utf-8")))
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+#: Modules that orchestrate, store, validate or draw, never compute a run's numbers: the derived code of a run
+#: (:func:`compute_modules`) leaves them out, so moving glue never makes a run stale. ``*.chapter`` (a chapter's
+#: profiles, the calls its runs make, replay, describe), ``*.shards`` (units of work whose merge is tested to equal the
+#: one-process run bit for bit) and ``depthlib.plots.*`` (figures drawn from the tables) are glue by their role.
+GLUE_MODULES = frozenset({
+    "depthlib", "depthlib.errors", "depthlib.results", "depthlib.executors", "depthlib.paths", "depthlib.validate",
+    "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract", "depthlib.plots",
+})
+GLUE_SUFFIXES = (".chapter", ".shards")
+
+
+def is_glue(module: str) -> bool:
+    """Whether ``module`` orchestrates rather than computes (:data:`GLUE_MODULES`, ``*.chapter``, ``*.shards``,
+    ``depthlib.plots.*``)."""
+    return (module in GLUE_MODULES or module.endswith(GLUE_SUFFIXES) or module.startswith("depthlib.plots."))
+
+
+@lru_cache(maxsize=None)
+def _module_tree(module: str) -> tuple[ast.Module, bool]:
+    """(syntax tree, is a package) of a depthlib module's source."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise InputError(f"cannot read {module!r}: no Python source found")
+    return ast.parse(Path(spec.origin).read_text(encoding="utf-8")), spec.submodule_search_locations is not None
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _defining_module(module: str, name: str, seen: frozenset = frozenset()) -> str:
+    """The module whose code defines ``name`` as imported by ``from module import name``: a submodule of that name,
+    else the module a re-export (``from X import name`` at the top of ``module``) comes from, else ``module``."""
+    if _is_module(f"{module}.{name}"):
+        return f"{module}.{name}"
+    if (module, name) in seen:
+        return module
+    tree, _ = _module_tree(module)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("depthlib"):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _defining_module(node.module, alias.name, seen | {(module, name)})
+    return module
+
+
+def _imported_modules(module: str) -> set[str]:
+    """The depthlib modules whose code ``module`` uses: every ``import depthlib.x`` and ``from depthlib.x import y``
+    anywhere in it (functions included), a name resolved to the module that defines it (:func:`_defining_module`)."""
+    tree, is_package = _module_tree(module)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name == "depthlib" or a.name.startswith("depthlib.")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:                                      # relative: resolve against this module's package
+                parts = module.split(".")
+                base = parts if is_package else parts[:-1]
+                base = base[: len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source == "depthlib" or source.startswith("depthlib."):
+                out |= {_defining_module(source, a.name) for a in node.names if a.name != "*"} or {source}
+    return out - {module}
+
+
+def compute_modules(*entries: str) -> tuple[str, ...]:
+    """The modules whose code decides the numbers of a run computed by ``entries`` (dotted names, a module or
+    ``module:function``): the entry modules and, transitively, the depthlib modules they import, restricted to
+    modules that compute (:func:`is_glue` ones are neither counted nor followed, except an entry itself, whose
+    imports are followed). This is what a run's manifest records under ``code_modules`` and fingerprints."""
+    found: set[str] = set()
+    todo: list[tuple[str, bool]] = [(e.split(":")[0], True) for e in entries]
+    seen: set[str] = set()
+    while todo:
+        module, entry = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        if is_glue(module) and not entry:
+            continue
+        if not is_glue(module):
+            found.add(module)
+        todo += [(m, False) for m in _imported_modules(module)]
+    return tuple(sorted(found))
 
 
 def code_fingerprint(modules: Sequence[str]) -> str:
@@ -171,14 +265,14 @@ def file_sha256(path: str | os.PathLike) -> str:
         known = {k: v for k, v in known.items() if not k.startswith(f"{path}|")}
         known[disk_key] = digest
         try:
-            _atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, sort_keys=True)))
+            atomic_write(store, lambda tmp: tmp.write_text(json.dumps(known, sort_keys=True)))
         except OSError:
             pass   # a read-only cache only costs hashing again next time
     _DIGESTS[mem_key] = digest
     return digest
 
 
-def _atomic_write(final: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(final: Path, write: Callable[[Path], None]) -> None:
     """Write via a temporary file in the same folder and rename; the temporary file never outlives a failure."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")
@@ -192,7 +286,7 @@ def _atomic_write(final: Path, write: Callable[[Path], None]) -> None:
 def atomic_torch_save(path: Path, state: dict) -> None:
     """``torch.save`` a checkpoint atomically: a crash leaves the previous checkpoint, never a truncated one."""
     import torch
-    _atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
+    atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
 
 
 # ---- one run ----------------------------------------------------------------------------------------------
@@ -203,6 +297,14 @@ class Run:
     experiment: str
     config: dict[str, Any]
     path: Path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Run":
+        """The run in the folder ``path`` (``<root>/<experiment>/<key>``) with the config its manifest records."""
+        path = Path(path)
+        run = cls(path.parent.name, {}, path)
+        run.config = run.manifest.get("config", {})
+        return run
 
     @property
     def key(self) -> str:
@@ -228,7 +330,7 @@ class Run:
     def write_table(self, name: str, df: pd.DataFrame) -> Path:
         """Write a tidy table atomically (a crash never leaves half a file behind)."""
         final = self.table_path(name)
-        _atomic_write(final, lambda tmp: df.to_parquet(tmp, index=False))
+        atomic_write(final, lambda tmp: df.to_parquet(tmp, index=False))
         return final
 
     def table(self, name: str) -> pd.DataFrame:
@@ -293,7 +395,10 @@ class Run:
 
     def finish(self, *, profile: str, seed: int | None, wall_time_s: float, code: Sequence[str],
                device: str | None = None, **extra: Any) -> dict[str, Any]:
-        """Mark the run complete and record what produced it: ``code`` lists the modules that computed it."""
+        """Mark the run complete and record what produced it: ``code`` names the compute entries (``module:function``,
+        or modules) that computed it, and the manifest records the modules derived from them (:func:`compute_modules`)
+        with their fingerprint."""
+        modules = compute_modules(*code)
         sha, dirty = git_state()
         manifest = {
             "experiment": self.experiment,
@@ -306,8 +411,9 @@ class Run:
             "device": device_description(device),
             "git_sha": sha,
             "git_dirty": dirty,
-            "code_modules": sorted(set(code)),
-            "code_fingerprint": code_fingerprint(code),
+            "code_entries": sorted(set(code)),
+            "code_modules": list(modules),
+            "code_fingerprint": code_fingerprint(modules),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": environment_versions(),
             "tables": {p.stem: {"sha256": _sha256(p), "bytes": p.stat().st_size}
@@ -315,12 +421,12 @@ class Run:
             **extra,
         }
         text = json.dumps(manifest, indent=2, sort_keys=True, default=str, allow_nan=False)
-        _atomic_write(self.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
+        atomic_write(self.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
         return manifest
 
     def elapsed_before(self) -> float:
         """Wall time spent in earlier, interrupted segments of this run (``progress.json``), in seconds."""
-        path = self.path / "progress.json"
+        path = self.path / PROGRESS
         try:
             return float(json.loads(path.read_text()).get("wall_time_s", 0.0))
         except (OSError, ValueError, json.JSONDecodeError):
@@ -328,7 +434,7 @@ class Run:
 
     def record_elapsed(self, seconds: float) -> None:
         """Save the total wall time so far, so a resumed run's manifest counts every segment."""
-        _atomic_write(self.path / "progress.json",
+        atomic_write(self.path / PROGRESS,
                       lambda tmp: tmp.write_text(json.dumps({"wall_time_s": round(seconds, 3)})))
 
 
@@ -454,6 +560,130 @@ def fresh_run(experiment: str, config: dict[str, Any]) -> Run:
     return run
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a run was computed: ``folder`` is its run folder and ``saves`` says what is kept there (a rerun
+    of the same command resumes from it)."""
+
+    def __init__(self, folder: Path, saves: str):
+        super().__init__(saves)
+        self.folder, self.saves = Path(folder), saves
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written into the run folder ``filename`` (torch reports a full disk as a
+    RuntimeError of its stream writer)."""
+
+
+def _is_write_failure(err: RuntimeError) -> bool:
+    text = str(err)
+    return any(s in text for s in ("PytorchStreamWriter", "file write failed", "unexpected pos"))
+
+
+@contextmanager
+def guarding(folder: Path, saves: str | None = None) -> Iterator[None]:
+    """Around the computation of a run into ``folder``: any failure removes the temporary files this process left
+    there (a write cut short by a full disk must not keep the disk full); Ctrl-C becomes :class:`RunInterrupted`
+    saying what ``saves`` (default: the finished tables) is kept there; a checkpoint that torch could not write
+    becomes :class:`CheckpointWriteError` naming the folder."""
+    folder = Path(folder)
+    try:
+        yield
+    except BaseException as err:
+        if folder.is_dir():
+            remove_stray_tmp(folder)
+        if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
+            raise RunInterrupted(folder, saves or f"the finished tables are kept in {folder}") from None
+        if isinstance(err, RuntimeError) and _is_write_failure(err):
+            raise CheckpointWriteError(28, "cannot write a checkpoint", str(folder)) from err
+        raise
+
+
+class Computation:
+    """A run being computed (:func:`computing`): the run, whether it was complete when opened, and what its
+    manifest will say besides the lifecycle's own fields."""
+
+    def __init__(self, run: Run, *, profile: str, code: Sequence[str], seed: int | None, device: str | None):
+        self.run, self.profile, self.code, self.seed, self.device = run, profile, tuple(code), seed, device
+        self.complete = run.complete           # complete (and fresh) when opened: nothing to compute
+        self.extra: dict[str, Any] = {}
+        self._stopped = False
+        self._start = time.perf_counter()
+        self._before = 0.0 if self.complete else run.elapsed_before()
+
+    @property
+    def elapsed(self) -> float:
+        """Wall time of this run so far, in seconds, over every segment (an interrupted run resumes its count)."""
+        return self._before + time.perf_counter() - self._start
+
+    def save_progress(self) -> None:
+        """Record the wall time so far, so that a resumed run's manifest counts this segment too."""
+        self.run.record_elapsed(self.elapsed)
+
+    def record(self, **fields: Any) -> None:
+        """Fields the manifest will hold besides the lifecycle's (a summary, the models, the executor ...)."""
+        self.extra.update(fields)
+
+    def stop(self) -> None:
+        """Leave the run unfinished (it resumes next time), e.g. a test that interrupts it on purpose."""
+        self._stopped = True
+
+
+@contextmanager
+def computing(experiment: str, config: dict[str, Any], *, profile: str, code: Sequence[str],
+              seed: int | None = None, device: str | None = None, force: bool = False, root: Path | None = None,
+              tables: Sequence[str] = (), checkpoints: Sequence[str] = (), saves: str | None = None
+              ) -> Iterator[Computation]:
+    """THE run lifecycle: open the run of (experiment, config) in the local cache, check it (:func:`prepare_run`:
+    ``force`` deletes it; a corrupt one, or a complete one computed by other code, is reported, deleted and
+    recomputed; a partial one is kept to resume), hand it to the body, and finish it.
+
+    The body sees a :class:`Computation` ``job``: when ``job.complete`` the run was complete when opened and the body
+    computes nothing (the manifest is left as it is). Otherwise the body writes the run's tables (``job.run``),
+    calls ``job.save_progress()`` after each so that the wall time counts across resumes, and ``job.record(...)`` for
+    manifest fields. On a normal exit the run is finished: its manifest records ``profile``, ``seed``, ``device``,
+    the wall time over all segments and the code modules derived from ``code`` (compute entries,
+    :func:`compute_modules`); the progress file is removed. On an exception the wall time so far is saved and the
+    failure is handled as :func:`guarding` says (``saves``: what an interrupted run keeps): the run resumes next
+    time."""
+    run = prepare_run(open_run(experiment, config, root=root), force=force, tables=tables, checkpoints=checkpoints)
+    if run.complete and not all(run.has(t) for t in tables):
+        shutil.rmtree(run.path)                # a table the manifest does not list went missing: recompute
+    job = Computation(run, profile=profile, code=code, seed=seed, device=device)
+    try:
+        with guarding(run.path, saves.format(folder=run.path) if saves else None):
+            yield job
+    except BaseException:
+        if not job.complete and run.path.exists():
+            try:
+                job.save_progress()
+            except OSError:
+                pass                            # a full disk must not hide the original error
+        raise
+    if job.complete or job._stopped:
+        return
+    run.finish(profile=profile, seed=seed, wall_time_s=job.elapsed, code=code, device=device, **job.extra)
+    (run.path / PROGRESS).unlink(missing_ok=True)
+
+
+def shown_run(experiment: str, profile: str, *, expected_config: Callable[[str], dict | None] | None = None,
+              rerun: bool = False, include_custom: bool = False) -> Run | None:
+    """The run a chapter shows for ``profile`` (:func:`select_run`), checked (:meth:`Run.validate`), or None when
+    there is none; a corrupt local run is reported in one line and deleted (the caller computes it again), a corrupt
+    committed run raises."""
+    run = select_run(experiment, profile, expected_config=expected_config, rerun=rerun,
+                     include_custom=include_custom)
+    if run is None:
+        return None
+    try:
+        return run.validate()
+    except CorruptRunError as err:
+        if run.committed:
+            raise
+        print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
+        shutil.rmtree(run.path)
+        return None
+
+
 def roots(rerun: bool = False) -> list[Path]:
     """Where runs are looked for: committed first, then local; ``rerun`` looks only at local runs."""
     committed = paths.committed_results_dir()
@@ -466,14 +696,12 @@ def find_runs(experiment: str, search: Iterable[Path] | None = None) -> list[Run
     runs = []
     for root in roots() if search is None else [Path(r) for r in search]:
         for manifest in sorted((root / experiment).glob("*/manifest.json")):
-            run = Run(experiment, {}, manifest.parent)
             try:
-                info = run.manifest
+                run = Run.load(manifest.parent)
             except CorruptRunError as err:
                 print(f"[depthlib] skipping {err}", file=sys.stderr)
                 continue
-            if info.get("status") == "complete":
-                run.config = info.get("config", {})
+            if run.complete:
                 runs.append(run)
     return runs
 
@@ -513,17 +741,8 @@ def chapter_run(experiment: str, profile: str, compute: Callable[[], Run], *,
                 include_custom: bool = False) -> Run:
     """The run a chapter shows for ``profile`` (:func:`select_run`), computed now with ``compute`` (cached,
     resumable) if there is none. A corrupt local run is recomputed."""
-    run = select_run(experiment, profile, expected_config=expected_config, rerun=rerun,
-                     include_custom=include_custom)
-    if run is not None:
-        try:
-            return run.validate()
-        except CorruptRunError as err:
-            if run.committed:
-                raise
-            print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
-            shutil.rmtree(run.path)
-    return compute()
+    run = shown_run(experiment, profile, expected_config=expected_config, rerun=rerun, include_custom=include_custom)
+    return run if run is not None else compute()
 
 
 def commit_run(run: Run, dest: Path | None = None, omit: Sequence[str] = ()) -> Path:
@@ -549,7 +768,7 @@ def commit_run(run: Run, dest: Path | None = None, omit: Sequence[str] = ()) -> 
         manifest["omitted_tables"] = sorted(set(omit) | set(manifest.get("omitted_tables", [])))
         manifest["tables"] = {k: v for k, v in manifest["tables"].items() if k not in omit}
     text = json.dumps(manifest, indent=2, sort_keys=True, default=str, allow_nan=False)
-    _atomic_write(target / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
+    atomic_write(target / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
     return target
 
 
@@ -584,16 +803,83 @@ def staleness_note(run: Run) -> str:
             "They may not be what the current code computes: rebuild with `make book RERUN=1` to recompute.")
 
 
+def _digest_at(commit: str, module: str) -> str | None:
+    """:func:`_module_digest` of ``module``'s source at git ``commit`` (None if it did not exist there)."""
+    spec = importlib.util.find_spec(module)
+    rel = Path(spec.origin).resolve().relative_to(paths.REPO_ROOT.resolve()).as_posix()
+    shown = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=paths.REPO_ROOT, capture_output=True, text=True)
+    if shown.returncode != 0:
+        return None
+    return hashlib.sha256(ast.dump(_strip_docstrings(ast.parse(shown.stdout))).encode()).hexdigest()
+
+
+def restamp(run: Run, *, write: bool = True) -> tuple[str, str]:
+    """Move a committed run recorded under hand-listed code modules to the derived rule, where that hides nothing.
+
+    Returns (verdict, reason); verdict is ``derived`` (already recorded as derived), ``restamped`` or ``recompute``.
+    A run is re-stamped (its manifest's ``code_modules`` and ``code_fingerprint`` replaced by the derived ones, the
+    old ones kept under ``restamped``) only if (1) the old record says it is fresh at the current code and (2) every
+    module the derived rule adds has the same code (docstring-free syntax tree) now as at the run's commit; then the
+    derived fingerprint describes the code that computed it. Otherwise it must be recomputed."""
+    from depthlib.chapters import compute_entry
+    m = run.manifest
+    entry = compute_entry(run.experiment)
+    derived = list(compute_modules(entry))
+    old = list(m.get("code_modules") or [])
+    if old == derived and not run.stale:
+        return "derived", f"records the derived modules of {entry}"
+    if not old or run.stale:
+        return "recompute", "its recorded code differs from the current code (stale under its own record)"
+    sha = m.get("git_sha")
+    added = sorted(set(derived) - set(old))
+    if added and not sha:
+        return "recompute", "no commit recorded to compare the added modules at"
+    changed = [mod for mod in added if _digest_at(sha, mod) != _module_digest(mod)]
+    if changed:
+        return "recompute", f"modules the derived rule adds changed since {sha}: {', '.join(changed)}"
+    if write:
+        head, _ = git_state()
+        m["restamped"] = {"code_modules": old, "code_fingerprint": m.get("code_fingerprint"), "at_commit": head,
+                          "entry": entry, "added": added, "removed": sorted(set(old) - set(derived)),
+                          "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        m["code_entries"] = [entry]
+        m["code_modules"] = derived
+        m["code_fingerprint"] = code_fingerprint(derived)
+        text = json.dumps(m, indent=2, sort_keys=True, default=str, allow_nan=False)
+        atomic_write(run.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
+    added_text = f"added {', '.join(added)} (unchanged since {sha})" if added else "no module added"
+    return "restamped", added_text + (f"; dropped {', '.join(sorted(set(old) - set(derived)))}"
+                                      if set(old) - set(derived) else "")
+
+
+USAGE = ("usage: python -m depthlib.results commit RUN_FOLDER [RUN_FOLDER ...]\n"
+         "       python -m depthlib.results restamp [--dry-run] [RUN_FOLDER ...]   (default: every committed run)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m depthlib.results commit RUN_FOLDER ...`` copies finished local runs into ``data/results``."""
+    """``python -m depthlib.results commit RUN_FOLDER ...`` copies finished local runs into ``data/results``;
+    ``python -m depthlib.results restamp`` moves committed runs to the derived code rule (:func:`restamp`) and prints
+    one line per run: derived, restamped or recompute, with the reason."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["restamp"]:
+        dry = "--dry-run" in argv
+        folders = [Path(a) for a in argv[1:] if a != "--dry-run"]
+        if not folders:
+            root = paths.committed_results_dir()
+            folders = sorted(p.parent for p in root.glob("*/*/manifest.json")) if root is not None else []
+        to_recompute = 0
+        for path in folders:
+            verdict, reason = restamp(Run.load(path), write=not dry)
+            to_recompute += verdict == "recompute"
+            print(f"{verdict:10s} {path.parent.name}/{path.name}: {reason}")
+        return 1 if to_recompute else 0
     if len(argv) < 2 or argv[0] != "commit":
-        print("usage: python -m depthlib.results commit RUN_FOLDER [RUN_FOLDER ...]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     for folder in argv[1:]:
         path = Path(folder)
-        run = Run(path.parent.name, {}, path)
         try:
+            run = Run.load(path)
             if run.stale:
                 raise InputError(f"run {path} was computed by code other than the current code; recompute it first")
             print(commit_run(run.validate()))

@@ -8,20 +8,14 @@ the committed numbers. A change to the numerics that breaks this means recomputi
 """
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
 from depthlib import paths, results
+from depthlib.chapters import CHAPTERS, chapter_of, compute_entry
 
 ROOT = paths.committed_results_dir()
 
-#: which chapter module replays an experiment's runs (each defines ``replay(run) -> DataFrame``)
-CHAPTERS = {"chinchilla": "depthlib.scaling.chapter", "toy": "depthlib.toy.chapter",
-            "toy-calibration": "depthlib.toy.chapter",
-            "causal_tracing": "depthlib.tracing.chapter", "probes-": "depthlib.probes.chapter",
-            "lm-depth": "depthlib.lm.chapter", "interventions-": "depthlib.interventions.chapter"}
 #: Replay tolerances, relative to the committed value (``|replayed − committed| <= rtol · |committed| + atol``, with
 #: ``atol`` the replay's own column where it has one). Each says what another CPU may change; the replays below were
 #: measured on an AMD EPYC (AVX-512, no AMX) against runs committed from an Intel (AVX-512, AMX) machine:
@@ -37,17 +31,17 @@ CHAPTERS = {"chinchilla": "depthlib.scaling.chapter", "toy": "depthlib.toy.chapt
 #:   cancel sums over the vocabulary and carry ``atol`` = twice the identity plan's KL of the same document (0
 #:   exactly; 0.07–0.11 nats per 63 tokens): measured 0.016 apart on 81.29 (1.9e-4 relative).
 #: - the toy (fp32 students, small matmuls): 1e-4, by the same bound over its widths; measured below 2.3e-6.
-RTOL = {"chinchilla": 0.0, "toy": 1e-4, "toy-calibration": 1e-4,
+RTOL = {"chinchilla": 0.0, "toy": 1e-4, "toy-calibration": 1e-4, "toy-converged": 1e-4,
         "causal_tracing": 1e-4, "probes-": 1e-4, "lm-depth": 1e-4, "interventions-": 1e-4}
 #: float round-off of numbers that are 0 (a KL of the identity, an exactly-fitted point)
 ATOL = 1e-9
 
 
-def _chapter(experiment: str) -> str:
-    for prefix in CHAPTERS:
+def _rtol(experiment: str) -> float:
+    for prefix in RTOL:
         if experiment == prefix or (prefix.endswith("-") and experiment.startswith(prefix)):
-            return prefix
-    raise AssertionError(f"no chapter replays experiment {experiment!r}: add it to CHAPTERS")
+            return RTOL[prefix]
+    raise AssertionError(f"no replay tolerance for experiment {experiment!r}: add it to RTOL")
 
 
 COMMITTED = sorted(ROOT.glob("*/*/manifest.json")) if ROOT is not None else []
@@ -55,8 +49,20 @@ COMMITTED = sorted(ROOT.glob("*/*/manifest.json")) if ROOT is not None else []
 
 def test_every_chapter_has_a_committed_run():
     experiments = {p.parent.parent.name for p in COMMITTED}
-    for prefix in CHAPTERS:
-        assert any(e == prefix or (prefix.endswith("-") and e.startswith(prefix)) for e in experiments), prefix
+    for chapter in CHAPTERS:
+        assert any(chapter.owns(e) for e in experiments), chapter.name
+
+
+@pytest.mark.parametrize("manifest", COMMITTED, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_committed_run_records_its_derived_code(manifest):
+    """The manifest lists the modules derived from its chapter's compute entry (results.compute_modules), not a
+    hand-kept list that may miss one (a run recorded otherwise was re-stamped where that hid nothing, or must be
+    recomputed: ``python -m depthlib.results restamp`` says which)."""
+    experiment = manifest.parent.parent.name
+    run = results.Run(experiment, {}, manifest.parent)
+    derived = list(results.compute_modules(compute_entry(experiment)))
+    assert run.manifest.get("code_modules") == derived, (
+        f"{run.path} records {run.manifest.get('code_modules')}, its compute entry derives {derived}: recompute it")
 
 
 @pytest.mark.parametrize("manifest", COMMITTED, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
@@ -76,11 +82,10 @@ def test_committed_run_replays(manifest):
     experiment = manifest.parent.parent.name
     run = results.Run(experiment, {}, manifest.parent)
     run.config = run.manifest["config"]
-    chapter = _chapter(experiment)
-    table = importlib.import_module(CHAPTERS[chapter]).replay(run)
+    table = chapter_of(experiment).module.replay(run)
     assert len(table) > 0 and table["committed"].notna().all(), "the replay found nothing to compare"
     committed, replayed = table["committed"].to_numpy(float), table["replayed"].to_numpy(float)
-    allowed = RTOL[chapter] * np.abs(committed) + (table["atol"].to_numpy(float) if "atol" in table else 0.0) + ATOL
+    allowed = _rtol(experiment) * np.abs(committed) + (table["atol"].to_numpy(float) if "atol" in table else 0.0) + ATOL
     apart = np.abs(replayed - committed)
     assert np.all(apart <= allowed), (f"{int((apart > allowed).sum())} of {len(table)} replayed numbers lie outside "
                                       f"their tolerance:\n{table[apart > allowed].assign(allowed=allowed[apart > allowed])}")

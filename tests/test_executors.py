@@ -34,7 +34,7 @@ def serial_tables(cache):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        run = chapter.train(_config(), progress=False)
+        run = chapter.compute(_config(), progress=False)
     finally:
         torch.set_num_threads(before)
     tables = {name: run.table(name) for name in TABLES}

@@ -24,7 +24,7 @@ from depthlib.lm import chapter, corpus, fit, model, series, train  # noqa: E402
 from depthlib.lm.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_tokenizer  # noqa: E402
 
 TINY = dataclasses.replace(
-    chapter.PROFILES["smoke"], profile="custom", depths=(1, 2, 4), vocab_size=300, angle_depths=(4,),
+    chapter.PROFILES["smoke"].series, profile="custom", depths=(1, 2, 4), vocab_size=300, angle_depths=(4,),
     model=model.ModelConfig(d_model=32, n_heads=2, context=16),
     train=train.TrainConfig(steps=12, batch_size=4, lr=3e-3, warmup=2, eval_every=4),
     corpus=corpus.CorpusConfig(n_docs=12, val_every=4, val_tokens=48, probe_chunks=2, probe_words=12),
@@ -287,12 +287,12 @@ def test_replay_reproduces_the_first_evaluation(tiny_run):
 
 
 def test_chapter_run_selects_the_profile_run(monkeypatch):
-    smoke = dataclasses.replace(TINY, profile="smoke")
+    smoke = chapter.LMProfile("smoke", dataclasses.replace(TINY, profile="smoke"))
     monkeypatch.setitem(chapter.PROFILES, "smoke", smoke)
     monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", "/nonexistent-committed-runs")
-    run = chapter.chapter_run("smoke")
+    run = chapter.runs("smoke")["series"]
     assert run.complete and run.profile == "smoke"
-    assert chapter.chapter_run("smoke").path == run.path                                  # found, not retrained
+    assert chapter.runs("smoke")["series"].path == run.path                                  # found, not retrained
 
 
 # ---- the command line -----------------------------------------------------------------------------------

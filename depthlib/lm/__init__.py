@@ -15,8 +15,7 @@ tokens in the same order, then measured by the probes of chapter 2.
 """
 from __future__ import annotations
 
-from depthlib.lm.chapter import PROFILES, chapter_run, describe, profile_config, replay
-from depthlib.lm.series import CODE, EXPERIMENT, SeriesConfig, run_series
+from depthlib.lm.chapter import PROFILES, describe, profile_config, replay, runs
+from depthlib.lm.series import EXPERIMENT, SeriesConfig, run_series
 
-__all__ = ["CODE", "EXPERIMENT", "PROFILES", "SeriesConfig", "chapter_run", "describe", "profile_config", "replay",
-           "run_series"]
+__all__ = ["EXPERIMENT", "PROFILES", "SeriesConfig", "describe", "profile_config", "replay", "run_series", "runs"]

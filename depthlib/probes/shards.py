@@ -15,7 +15,6 @@ given its documents' corpus indices (``doc_offset``). So
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,12 @@ import pandas as pd
 
 from depthlib import executors, results
 from depthlib.errors import InputError
-from depthlib.probes import CODE, SHARD_EXPERIMENT, TABLES, experiment_name, open_probe_run, run_probe
+from depthlib.probes import TABLES, experiment_name, probe_key, run_probe
 from depthlib.probes.stream import ProbeConfig, summarize
 
-#: the merged run's numbers depend on the probe's code and on this merge
-MERGED_CODE = CODE + ("depthlib.probes.shards",)
+#: a merged run's numbers are computed by the probe's code (its code modules are derived from the chapter's entry;
+#: the merge is tested to equal one pass)
+CODE = ("depthlib.probes:run_probe",)
 
 
 def shard_ranges(n_docs: int, n_shards: int, batch_size: int = 1) -> list[tuple[int, int]]:
@@ -77,12 +77,15 @@ def _merge_tokens(parts: list[pd.DataFrame], size: int) -> pd.DataFrame:
     return kept.sort_values(["doc_index", "position"]).reset_index(drop=True)
 
 
-def merge(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, shard_runs: list[results.Run], *,
-          wall_time_s: float, executor: str, profile: str = "custom") -> results.Run:
-    """Write the merged run (the one-pass run's cache key) of ``model`` from its finished shard runs, in order."""
-    run = results.prepare_run(open_probe_run(model, corpus, n_docs, cfg), tables=TABLES)
-    if run.complete:
-        return run
+def _computing(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, profile: str):
+    """The lifecycle (:func:`depthlib.results.computing`) of the one-pass run of ``model``."""
+    return results.computing(experiment_name(model), probe_key(model, corpus, n_docs, cfg), profile=profile,
+                             seed=cfg.seed, code=CODE, device=cfg.device, tables=TABLES)
+
+
+def _write_merged(job: results.Computation, model: str, corpus: str, n_docs: int, cfg: ProbeConfig,
+                  shard_runs: list[results.Run], executor: str) -> None:
+    run = job.run
     tables = {name: [r.table(name) for r in shard_runs] for name in TABLES}
     layers = _merge_layers(tables["layers"])
     run.write_table("layers", layers)
@@ -93,11 +96,9 @@ def merge(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, shard_runs: li
     merged_info = {**{k: v for k, v in info[0].items() if not k.endswith("_by_layer") and not k.startswith("theta_")},
                    "n_docs": sum(i["n_docs"] for i in info), "n_tokens": sum(i["n_tokens"] for i in info),
                    "probe_seconds": round(sum(i["probe_seconds"] for i in info), 3)}
-    run.finish(profile=profile, seed=cfg.seed, wall_time_s=wall_time_s, device=cfg.device, code=MERGED_CODE,
-               summary=summarize(layers, merged_info), model=model, corpus=corpus, executor=executor,
+    job.record(summary=summarize(layers, merged_info), model=model, corpus=corpus, executor=executor,
                shards=[f"{r.experiment}/{r.key}" for r in shard_runs],
                shard_wall_time_s=[r.manifest.get("wall_time_s") for r in shard_runs])
-    return run
 
 
 def run_sharded(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, executor: executors.ExecutorConfig,
@@ -105,17 +106,17 @@ def run_sharded(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, executor
     """Probe ``model`` as ``n_shards`` document shards with ``executor`` and merge them; a finished run is loaded.
     A failed shard raises one :class:`InputError` line naming it and its log; finished shards stay cached."""
     cfg = cfg.validate()
-    run = results.prepare_run(open_probe_run(model, corpus, n_docs, cfg), tables=TABLES)
-    if run.complete and all(run.has(t) for t in TABLES):
-        return run
-    t0 = time.perf_counter()
-    ranges = shard_ranges(n_docs, n_shards, cfg.batch_size)
-    units = [executors.Unit(f"{experiment_name(Path(model).name)}-docs{a}-{b}", "depthlib.probes.shards:probe_shard",
-                            dict(model=model, corpus=corpus, n_docs=n_docs, config=dataclasses.asdict(cfg),
-                                 start=a, stop=b)) for a, b in ranges]
-    shard_runs = executors.finished_runs(units, executor, SHARD_EXPERIMENT, f"probe of {model}")
-    return merge(model, corpus, n_docs, cfg, shard_runs, wall_time_s=time.perf_counter() - t0,
-                 executor=executor.kind, profile=profile)
+    with _computing(model, corpus, n_docs, cfg, profile) as job:
+        if job.complete:
+            return job.run
+        ranges = shard_ranges(n_docs, n_shards, cfg.batch_size)
+        units = [executors.Unit(f"{experiment_name(Path(model).name)}-docs{a}-{b}",
+                                "depthlib.probes.shards:probe_shard",
+                                dict(model=model, corpus=corpus, n_docs=n_docs, config=dataclasses.asdict(cfg),
+                                     start=a, stop=b)) for a, b in ranges]
+        shard_runs = executors.finished_runs(units, executor, f"probe of {model}")
+        _write_merged(job, model, corpus, n_docs, cfg, shard_runs, executor.kind)
+    return job.run
 
 
-__all__ = ["MERGED_CODE", "merge", "probe_shard", "run_sharded", "shard_ranges"]
+__all__ = ["CODE", "probe_shard", "run_sharded", "shard_ranges"]

@@ -1,9 +1,7 @@
 """Chapter 1's glue: the profiles of the Chinchilla chapter, the run it shows, and its replay check.
 
-Every chapter has this module with the same names (design: "Every chapter has the same shape"): ``PROFILES``
-(smoke | cpu | paper settings), ``chapter_run(profile, rerun=...)`` (the run found by
-:func:`depthlib.results.chapter_run`, computed if there is none) and ``replay(run)`` (recompute a cheap part of a
-run with the current code and return the committed and recomputed numbers side by side).
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part, ``fits``),
+``compute``, ``replay``, ``describe``, ``summary`` and ``COMPUTE``.
 
 A run holds the chapter's expensive tables: ``bootstrap`` (one converged fit per resample), ``held_out`` (one row per
 80/20 split), ``exclusion_scan`` (converged fits for every number of excluded rows, depth ℓ and ℓ − 2) and, where the
@@ -14,25 +12,25 @@ The config holds the sha256 of the CSV the run was computed from, so another CSV
 from __future__ import annotations
 
 import hashlib
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from depthlib import data, results
+from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.scaling import law
 
 EXPERIMENT = "chinchilla"
-#: The modules whose code decides a run's numbers (its manifest records their fingerprint; not plots, cli, chapter).
-CODE = ("depthlib.scaling.model", "depthlib.scaling.points", "depthlib.scaling.solvers", "depthlib.scaling.fits",
-        "depthlib.scaling.uncertainty", "depthlib.data")
+#: The compute entry of each experiment's runs: the modules a run's numbers depend on are derived from its imports
+#: (:func:`depthlib.results.compute_modules`: here scaling.law and data, not this glue).
+COMPUTE = {EXPERIMENT: "depthlib.scaling.chapter:compute"}
 
 
 @dataclass(frozen=True)
-class ChapterProfile:
+class ScalingProfile(Profile):
     """What the chapter computes under one profile (design: Profiles)."""
 
     name: str
@@ -47,13 +45,13 @@ class ChapterProfile:
     adam_steps: int = 50_000           # the paper's run length (fit-5, scanignore.py)
 
 
-PROFILES: dict[str, ChapterProfile] = {
+PROFILES: dict[str, ScalingProfile] = {
     # seconds: a 200-resample bootstrap (the committed notebook, CI)
-    "smoke": ChapterProfile("smoke", n_bootstrap=200, paper_scan=False),
+    "smoke": ScalingProfile("smoke", n_bootstrap=200, paper_scan=False),
     # a minute or two on 2 CPU cores: 1000 resamples and the paper's Adam scan
-    "cpu": ChapterProfile("cpu", n_bootstrap=1000, paper_scan=True),
+    "cpu": ScalingProfile("cpu", n_bootstrap=1000, paper_scan=True),
     # the same on any machine, with a tighter bootstrap (the fits are CPU work; no GPU needed)
-    "paper": ChapterProfile("paper", n_bootstrap=4000, paper_scan=True),
+    "paper": ScalingProfile("paper", n_bootstrap=4000, paper_scan=True),
 }
 
 
@@ -69,10 +67,10 @@ def csv_sha256(path: str | Path | None = None) -> str:
 def chapter_config(profile: str, data_path: str | Path | None = None) -> dict:
     """The results-cache config of a chapter run: the profile's settings and the CSV's sha256."""
     results.check_profile(profile)
-    return {**asdict(PROFILES[profile]), "csv_sha256": csv_sha256(data_path)}
+    return {**PROFILES[profile].to_dict(), "csv_sha256": csv_sha256(data_path)}
 
 
-def _tables(prof: ChapterProfile, df: pd.DataFrame) -> dict:
+def _tables(prof: ScalingProfile, df: pd.DataFrame) -> dict:
     """Name -> how to compute it, in the order they are written (cheapest first)."""
     tables = {
         "held_out": lambda: law.held_out(df, n_splits=prof.n_splits, seed=prof.seed, exclude=prof.exclude),
@@ -85,39 +83,38 @@ def _tables(prof: ChapterProfile, df: pd.DataFrame) -> dict:
     return tables
 
 
-def compute_chapter(profile: str = "smoke", *, data_path: str | Path | None = None) -> results.Run:
-    """Compute (or resume) the chapter's tables for ``profile`` in the local results cache; returns the Run.
-
-    Tables already written are kept, so an interrupted run resumes; a complete run computed by other code (stale
-    fingerprint) is recomputed from scratch."""
+def compute(profile: str = "smoke", *, data_path: str | Path | None = None, force: bool = False) -> results.Run:
+    """Compute (or resume, or load) the chapter's tables for ``profile`` in the local results cache; returns the Run
+    (the lifecycle of :func:`depthlib.results.computing`: tables already written are kept, so an interrupted run
+    resumes; a complete run computed by other code is recomputed)."""
     config = chapter_config(profile, data_path)
-    run = results.fresh_run(EXPERIMENT, config)
-    if run.complete:
-        return run
     prof = PROFILES[profile]
-    df = data.chinchilla(data_path)
-    start, before = time.perf_counter(), run.elapsed_before()
-    for name, compute in _tables(prof, df).items():
-        if not run.has(name):
-            run.write_table(name, compute())
-            run.record_elapsed(before + time.perf_counter() - start)
-    run.finish(profile=profile, seed=prof.seed, wall_time_s=before + time.perf_counter() - start, code=CODE,
-               n_runs=len(df), n_fitted=int((~law.excluded_mask(df["loss"].to_numpy(), prof.exclude)).sum()))
-    (run.path / "progress.json").unlink(missing_ok=True)
-    return run
+    with results.computing(EXPERIMENT, config, profile=profile, seed=prof.seed, code=COMPUTE.values(),
+                           force=force) as job:
+        if job.complete:
+            return job.run
+        df = data.chinchilla(data_path)
+        for name, table in _tables(prof, df).items():
+            if not job.run.has(name):
+                job.run.write_table(name, table())
+                job.save_progress()
+        job.record(n_runs=len(df), n_fitted=int((~law.excluded_mask(df["loss"].to_numpy(), prof.exclude)).sum()))
+    return job.run
 
 
-def chapter_run(profile: str = "smoke", *, rerun: bool = False, data_path: str | Path | None = None) -> results.Run:
-    """The run chapter 1 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`, among runs whose
-    config is a profile's current settings on this CSV); computed now if there is none."""
+def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+         data_path: str | Path | None = None) -> dict[str, results.Run]:
+    """``{"fits": run}``: the run chapter 1 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`,
+    among runs whose config is a profile's current settings on this CSV); computed now if there is none. The fits
+    are CPU work in this process (``executor`` and ``device`` change nothing)."""
     results.check_profile(profile)
     sha = csv_sha256(data_path)
 
     def expected(prof: str) -> dict | None:
-        return {**asdict(PROFILES[prof]), "csv_sha256": sha} if prof in PROFILES else None
+        return {**PROFILES[prof].to_dict(), "csv_sha256": sha} if prof in PROFILES else None
 
-    return results.chapter_run(EXPERIMENT, profile, lambda: compute_chapter(profile, data_path=data_path),
-                               expected_config=expected, rerun=rerun)
+    return {"fits": results.chapter_run(EXPERIMENT, profile, lambda: compute(profile, data_path=data_path),
+                                        expected_config=expected, rerun=rerun)}
 
 
 #: What :func:`replay` compares, per replayed fit.
@@ -175,3 +172,14 @@ def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     c = run.manifest.get("config", {})
     return {**results.run_info(run), **{k: c.get(k) for k in ("n_bootstrap", "paper_scan", "exclude", "seed", "n_splits")}}
+
+
+def summary(run: results.Run) -> dict:
+    """The key numbers of a run: the bootstrap's α's with their 95 % intervals and the held-out error."""
+    boot = run.table("bootstrap")
+    out = {"run": str(run.path), **describe(run)}
+    for q in REPLAYED:
+        if q in boot:
+            lo, hi = boot[q].quantile([0.025, 0.975])
+            out[q] = {"median": float(boot[q].median()), "lo": float(lo), "hi": float(hi)}
+    return out

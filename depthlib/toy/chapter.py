@@ -1,21 +1,20 @@
-"""Chapter 3's glue: the profiles of the toy sweep, the run the chapter shows, and its replay check.
+"""Chapter 3's glue: the profiles of the toy runs, the runs the chapter shows, and their replay check.
 
-Every chapter has this module with the same three names (design: "Every chapter has the same shape"):
-``PROFILES`` (smoke | cpu | paper settings), ``chapter_run(profile, rerun=...)`` (the run found by
-:func:`depthlib.results.chapter_run`, computed if there is none) and ``replay(run)`` (recompute a cheap prefix
-of a run with the current code and return the committed and recomputed numbers side by side).
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (parts ``sweep``, the phase
+diagram, and ``calibration-tied`` / ``calibration-independent``, its two long edge-cell runs), ``compute``,
+``replay``, ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from depthlib import results, runtime
+from depthlib import results
+from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.toy import converged
 from depthlib.toy.sweep import (
@@ -28,32 +27,32 @@ from depthlib.toy.sweep import (
     run_sweep,
 )
 
-#: The phase diagram. smoke: seconds, proves the code path (numbers meaningless). cpu: teachers of five ρ, all
-#: normalised to the ρ = 0 teacher's displacement (so ρ changes how smooth the teacher is, not how far it goes),
-#: × 3 temperatures, 3 depths over two octaves, batch 256, final lr decay (toy-performance.md §4): 10.6 GFLOP
-#: per step × 6k steps. paper: exp-9 + exp-9-1 (ρ ∈ {0, 1}, 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ
-#: grid at three temperatures.
-PROFILES: dict[str, SweepConfig] = {
-    "smoke": SweepConfig("smoke", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(2, 4, 8),
-                         replicates=1, steps=60, batch=64, eval_every=20, eval_batches=2, eval_batch_size=256,
-                         teacher_depth=16, signature_inputs=128, teacher_norm="displacement"),
-    "cpu": SweepConfig("cpu", variant="exp-9-decay",
-                       cells=grid((0.0, 0.25, 0.5, 0.75, 1.0), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),
-                       depths=(6, 12, 24), replicates=1, steps=6_000, batch=256, eval_every=500,
-                       teacher_norm="displacement"),
-    "paper": SweepConfig("paper", variant="exp-9",
-                         cells=grid((0.0, 1.0), PAPER_TEMPERATURES)
-                         + grid((0.25, 0.5, 0.75, 0.9), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),  # 0.01, 0.117, 1
-                         replicates=3, steps=40_000, batch=1024, eval_every=500),
-}
-
 #: The calibration (paper §4, Fig. 4a,b): the two edge cells at T = 1, the paper's unnormalised teachers, one run
 #: each (so they train side by side as two 1-thread processes). Both in the exp-9-3 form (the student is given
 #: the teacher's fixed head; lr 2.4e-3/√ℓ, final 20 % linear decay to 10 %), so only the teacher differs.
-#: cpu: 4 depths over three octaves, batch 1024, 24k steps (6.65 GFLOP per step and run). paper: 80k steps, the
-#: paper's six depths, 3 replicates (common random numbers: one teacher per replicate).
 CALIBRATION_EXPERIMENT = "toy-calibration"
 CALIBRATION_KINDS = {1.0: "tied", 0.0: "independent"}
+#: The compute entry of each experiment's runs (their code modules are derived from its imports,
+#: :func:`depthlib.results.compute_modules`). The converged protocol's runs get their own entry here.
+#: The converged-loss protocol (ours, :mod:`depthlib.toy.converged`): one run per (teacher, T, replicate) unit, merged.
+CONVERGED_EXPERIMENT = "toy-converged"
+CONVERGED_UNITS = "toy-converged-units"
+COMPUTE = {EXPERIMENT: "depthlib.toy.sweep:run_sweep", CALIBRATION_EXPERIMENT: "depthlib.toy.sweep:run_sweep",
+           CONVERGED_EXPERIMENT: "depthlib.toy.converged:train_unit",
+           CONVERGED_UNITS: "depthlib.toy.converged:train_unit"}
+#: The chapter's parts, in the order :func:`runs` returns them
+PARTS = ("sweep", "calibration", "converged")
+
+
+@dataclass(frozen=True)
+class ToyProfile(Profile):
+    """What chapter 3 trains under one profile: the phase-diagram sweep, the two calibration runs and the
+    converged-loss protocol."""
+
+    name: str
+    sweep: SweepConfig
+    calibration: tuple[SweepConfig, ...]     # one per CALIBRATION_KINDS teacher, tied first
+    converged: converged.ConvergedConfig
 
 
 def _calibration(profile: str, **settings) -> tuple[SweepConfig, ...]:
@@ -61,21 +60,49 @@ def _calibration(profile: str, **settings) -> tuple[SweepConfig, ...]:
                  for rho in CALIBRATION_KINDS)
 
 
-CALIBRATION: dict[str, tuple[SweepConfig, ...]] = {
-    "smoke": _calibration("smoke", depths=(2, 4, 8), replicates=1, steps=80, batch=64, eval_every=20,
-                          eval_batches=2, eval_batch_size=256, teacher_depth=16, signature_inputs=128),
-    "cpu": _calibration("cpu", depths=(6, 12, 24, 48), replicates=1, steps=24_000, batch=1024, eval_every=500),
-    "paper": _calibration("paper", depths=(6, 12, 16, 24, 32, 48), replicates=3, steps=80_000, batch=1024,
-                          eval_every=500),
+#: The phase diagram. smoke: seconds, proves the code path (numbers meaningless). cpu: teachers of five ρ, all
+#: normalised to the ρ = 0 teacher's displacement (so ρ changes how smooth the teacher is, not how far it goes),
+#: × 3 temperatures, 3 depths over two octaves, batch 256, final lr decay: 10.6 GFLOP per step × 6k steps. paper:
+#: exp-9 + exp-9-1 (ρ ∈ {0, 1}, 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ grid at three temperatures.
+#: The calibration: cpu: 4 depths over three octaves, batch 1024, 24k steps (6.65 GFLOP per step and run). paper:
+#: 80k steps, the paper's six depths, 3 replicates (common random numbers: one teacher per replicate).
+PROFILES: dict[str, ToyProfile] = {
+    "smoke": ToyProfile(
+        "smoke",
+        SweepConfig("smoke", variant="exp-9-decay", cells=grid((0.0, 0.5, 1.0), (0.1, 1.0)), depths=(2, 4, 8),
+                    replicates=1, steps=60, batch=64, eval_every=20, eval_batches=2, eval_batch_size=256,
+                    teacher_depth=16, signature_inputs=128, teacher_norm="displacement"),
+        _calibration("smoke", depths=(2, 4, 8), replicates=1, steps=80, batch=64, eval_every=20,
+                     eval_batches=2, eval_batch_size=256, teacher_depth=16, signature_inputs=128),
+        converged.ConvergedConfig("smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2), (1.0, 0.01, 1)), depths=(2, 4, 8),
+                                  steps_deepest=40, batch=32, pool_batches=8, evals=5, eval_batches=2,
+                                  eval_batch_size=128, teacher_depth=16)),
+    "cpu": ToyProfile(
+        "cpu",
+        SweepConfig("cpu", variant="exp-9-decay",
+                    cells=grid((0.0, 0.25, 0.5, 0.75, 1.0), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),
+                    depths=(6, 12, 24), replicates=1, steps=6_000, batch=256, eval_every=500,
+                    teacher_norm="displacement"),
+        _calibration("cpu", depths=(6, 12, 24, 48), replicates=1, steps=24_000, batch=1024, eval_every=500),
+        converged.ConvergedConfig("cpu", steps_deepest=4_000)),
+    "paper": ToyProfile(
+        "paper",
+        SweepConfig("paper", variant="exp-9",
+                    cells=grid((0.0, 1.0), PAPER_TEMPERATURES)
+                    + grid((0.25, 0.5, 0.75, 0.9), [PAPER_TEMPERATURES[i] for i in (0, 8, 15)]),  # 0.01, 0.117, 1
+                    replicates=3, steps=40_000, batch=1024, eval_every=500),
+        _calibration("paper", depths=(6, 12, 16, 24, 32, 48), replicates=3, steps=80_000, batch=1024,
+                     eval_every=500),
+        converged.ConvergedConfig("paper", steps_deepest=40_000, batch=1024, pool_batches=4_096)),
 }
 
 
 def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, depths=None, steps=None,
                    replicates=None, **overrides) -> SweepConfig:
-    """A profile's config, optionally overridden (then labelled ``custom``: never shown by the book)."""
+    """A profile's sweep config, optionally overridden (then labelled ``custom``: never shown by the book)."""
     if profile not in PROFILES:
         raise InputError(f"unknown profile {profile!r} (have {', '.join(PROFILES)})")
-    cfg = PROFILES[profile]
+    cfg = PROFILES[profile].sweep
     changes = dict(overrides)
     if rhos is not None or temperatures is not None:
         r = rhos if rhos is not None else sorted({c[0] for c in cfg.cells})
@@ -93,75 +120,91 @@ def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, dept
     return cfg.validate()
 
 
-def train(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
-          allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT) -> results.Run:
+def calibration_config(profile: str, kind: str) -> SweepConfig:
+    """The calibration run ``kind`` (tied | independent) of ``profile``."""
+    results.check_profile(profile)
+    return next(c for c in PROFILES[profile].calibration if CALIBRATION_KINDS[c.cells[0][0]] == kind)
+
+
+def compute(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
+            allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT, executor=None) -> results.Run:
     """Train (or resume, or load) a sweep, checking its run folder first (:func:`depthlib.results.prepare_run`):
     a partial run with an unreadable curve table or ``checkpoint.pt`` (or a finished run whose manifest or tables
     do not read or fail their checksums) is reported in one stderr line naming its folder, deleted and restarted,
     instead of failing after all the remaining training; ``force`` deletes the run first. Temporary files a crash
-    left in the folder (e.g. a checkpoint cut short by a full disk) are removed."""
-    runtime.configure_process()   # a long run: steady malloc, passive OpenMP waiting
-    run = open_sweep_run(cfg, allow_tf32, root, experiment)
-    results.remove_stray_tmp(run.path)
-    results.prepare_run(run, force=force, checkpoints=("checkpoint.pt",))
-    try:
+    left in the folder (e.g. a checkpoint cut short by a full disk) are removed. (The sweep's own lifecycle is
+    :func:`depthlib.toy.sweep.run_sweep`'s.) With an :class:`~depthlib.executors.ExecutorConfig` other than serial,
+    the phase-diagram sweep is trained as one shard per ρ (:mod:`depthlib.toy.shards`)."""
+    if executor is not None and executor.kind != "serial" and experiment == EXPERIMENT:
+        if force or allow_tf32:
+            raise InputError("--force and --tf32 work with --executor serial only")
+        from depthlib.toy import shards
+        return shards.run_sharded(cfg, executor, device)
+    run = results.prepare_run(open_sweep_run(cfg, allow_tf32, root, experiment), force=force,
+                              checkpoints=("checkpoint.pt",))
+    with results.guarding(run.path, f"the sweep's last checkpoint (every evaluation on the CPU) is in {run.path}"):
         return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root, experiment=experiment)
-    finally:
-        results.remove_stray_tmp(run.path)
 
 
-def _expected(profile: str) -> dict | None:
-    return PROFILES[profile].to_dict() if profile in PROFILES else None
-
-
-def chapter_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,
-                progress: bool = False) -> results.Run:
-    """The sweep chapter 3 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`);
-    if there is none, the profile is trained now (cached, resumable)."""
+def sweep_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None,
+              progress: bool = False) -> results.Run:
+    """The sweep chapter 3 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`); if there is
+    none, the profile is trained now (cached, resumable), in this process or, with an
+    :class:`~depthlib.executors.ExecutorConfig`, as one shard per ρ (:mod:`depthlib.toy.shards`)."""
     results.check_profile(profile)
-    return results.chapter_run(EXPERIMENT, profile, lambda: train(PROFILES[profile], device, progress=progress),
-                               expected_config=_expected, rerun=rerun)
+
+    def make() -> results.Run:
+        return compute(PROFILES[profile].sweep, device, progress=progress, executor=executor)
+
+    return results.chapter_run(EXPERIMENT, profile, make, rerun=rerun,
+                               expected_config=lambda p: PROFILES[p].sweep.to_dict() if p in PROFILES else None)
 
 
 def train_calibration(profile: str, kind: str, device: str = "cpu") -> str:
     """Train (or resume, or load) one calibration run (``kind``: tied | independent); returns its folder.
     Module-level, so an executor can run the two side by side."""
-    cfg = next(c for c in CALIBRATION[profile] if CALIBRATION_KINDS[c.cells[0][0]] == kind)
-    return str(train(cfg, device, progress=False, experiment=CALIBRATION_EXPERIMENT).path)
+    return str(compute(calibration_config(profile, kind), device, progress=False,
+                       experiment=CALIBRATION_EXPERIMENT).path)
 
 
 def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,
                      executor=None) -> dict[str, results.Run]:
     """The calibration runs chapter 3 shows for ``profile``, by kind (``tied``, ``independent``): the same rule
-    as every chapter (:func:`depthlib.results.select_run`, matched on each run's own config). Missing ones are
+    as every chapter (:func:`depthlib.results.shown_run`, matched on each run's own config). Missing ones are
     trained now, in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as units of it."""
     from depthlib import executors
     results.check_profile(profile)
-    found, missing = {}, []
-    for i, cfg in enumerate(CALIBRATION[profile]):
+    kinds = [CALIBRATION_KINDS[c.cells[0][0]] for c in PROFILES[profile].calibration]
+    found = {}
+    for i, kind in enumerate(kinds):
         def expected(prof, i=i):
-            return CALIBRATION[prof][i].to_dict() if prof in CALIBRATION else None
-        kind = CALIBRATION_KINDS[cfg.cells[0][0]]
-        run = results.select_run(CALIBRATION_EXPERIMENT, profile, expected_config=expected, rerun=rerun)
-        try:
-            found[kind] = run.validate() if run is not None else None
-        except results.CorruptRunError as err:
-            if run.committed:
-                raise
-            print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
-            shutil.rmtree(run.path)
-            found[kind] = None
-        if found[kind] is None:
-            missing.append(kind)
+            return PROFILES[prof].calibration[i].to_dict() if prof in PROFILES else None
+        found[kind] = results.shown_run(CALIBRATION_EXPERIMENT, profile, expected_config=expected, rerun=rerun)
+    missing = [kind for kind in kinds if found[kind] is None]
     if missing:
         units = [executors.Unit(f"calibration-{kind}", "depthlib.toy.chapter:train_calibration",
                                 {"profile": profile, "kind": kind, "device": device}) for kind in missing]
-        runs = executors.finished_runs(units, executor or executors.ExecutorConfig(), CALIBRATION_EXPERIMENT,
-                                       f"calibration ({profile})")
-        for kind, run in zip(missing, runs):
-            found[kind] = run
-            found[kind].config = run.manifest["config"]
-    return {kind: found[kind] for kind in (CALIBRATION_KINDS[c.cells[0][0]] for c in CALIBRATION[profile])}
+        computed = executors.finished_runs(units, executor or executors.ExecutorConfig(), f"calibration ({profile})")
+        found.update(zip(missing, computed))
+    return {kind: found[kind] for kind in kinds}
+
+
+def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+         parts: tuple[str, ...] = PARTS) -> dict[str, results.Run]:
+    """The runs chapter 3 shows for ``profile``, by part: ``sweep`` (the phase diagram) and
+    ``calibration-tied``, ``calibration-independent``; each found by the one rule or computed now."""
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise InputError(f"chapter 3 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
+    out = {}
+    if "sweep" in parts:
+        out["sweep"] = sweep_run(profile, device, rerun=rerun, executor=executor)
+    if "calibration" in parts:
+        out.update({f"calibration-{k}": r for k, r in
+                    calibration_runs(profile, device, rerun=rerun, executor=executor).items()})
+    if "converged" in parts:
+        out["converged"] = converged_run(profile, device, rerun=rerun, executor=executor)
+    return out
 
 
 def calibration_tables(runs: dict[str, results.Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -243,8 +286,7 @@ def replay(run: results.Run, n_students: int = 1) -> pd.DataFrame:
 
 def config_of(run: results.Run) -> SweepConfig:
     """The :class:`SweepConfig` a run was trained with."""
-    return SweepConfig(**{**run.config, "cells": tuple(tuple(c) for c in run.config["cells"]),
-                          "depths": tuple(run.config["depths"])})
+    return from_dict(SweepConfig, run.config)
 
 
 def describe(run: results.Run) -> dict:
@@ -257,22 +299,37 @@ def describe(run: results.Run) -> dict:
             "temperatures": sorted({cell[1] for cell in c.get("cells", [])}), "flop": m.get("flop_total")}
 
 
+def summary(run: results.Run) -> dict:
+    """The key numbers of a run: α_ℓ with its interval per (ρ, T) cell, and what the run cost (for a converged-protocol
+    run: α_ℓ per teacher and T across replicates, the paired tied − independent difference, how many converged)."""
+    if run.experiment == CONVERGED_EXPERIMENT:
+        table, sep, best = run.table("alpha_summary"), run.table("separation").iloc[0], run.table("best")
+        return {"run": str(run.path), "wall_time_s": run.manifest.get("wall_time_s"),
+                "alpha": [{"teacher": r.teacher, "temperature": r.temperature, "alpha": _rounded(r.alpha),
+                           "lo": _rounded(r.lo), "hi": _rounded(r.hi), "replicates": int(r.replicates)}
+                          for r in table.itertuples()],
+                "tied_minus_independent": {k: _rounded(sep[k]) for k in ("diff", "lo", "hi")},
+                "students_converged": f"{int(best['converged'].sum())} of {len(best)}"}
+    m, alpha = run.manifest, run.table("alpha")
+    return {"run": str(run.path), **describe(run), "device": m.get("device"),
+            "students": m.get("n_students"),
+            "alpha": [{"rho": r.rho, "temperature": r.temperature, "alpha": _rounded(r.alpha), "lo": _rounded(r.lo),
+                       "hi": _rounded(r.hi)} for r in alpha.itertuples()],
+            "interval": str(alpha["interval"].iloc[0]) if len(alpha) else None,
+            "throughput": {"model_steps_per_s": m.get("model_steps_per_s"), "gflop_per_s": m.get("gflop_per_s"),
+                           "wall_time_s": m.get("wall_time_s")}}
+
+
+def _rounded(x, digits: int = 3):
+    """Rounded float, or None (JSON null) where a fit is undefined (e.g. no interval from two depths)."""
+    return None if x is None or not np.isfinite(float(x)) else round(float(x), digits)
+
+
 # ---- the converged-loss protocol (ours; depthlib.toy.converged) --------------------------------------------
-#: smoke: seconds (numbers meaningless). cpu: tied and independent teachers at T = 1 with 3 replicates each and the
-#: tied teacher at T = 0.01 (1 replicate), the paper's six depths, every route; the deepest student trains 4,000
-#: steps × 256 from a pool of 524k inputs, a depth-ℓ one 4,000·min(48/ℓ, 8) (7 units, ~1 h on 2 one-thread
-#: workers). paper: the same cells at batch 1024 and 10× the steps, for a GPU.
-CONVERGED_EXPERIMENT = "toy-converged"
-CONVERGED_UNITS = "toy-converged-units"
-CONVERGED_CODE = ("depthlib.toy.converged", "depthlib.toy.engine", "depthlib.toy.models", "depthlib.toy.analysis",
-                  "depthlib.measures")
-CONVERGED: dict[str, converged.ConvergedConfig] = {
-    "smoke": converged.ConvergedConfig("smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2), (1.0, 0.01, 1)), depths=(2, 4, 8),
-                                       steps_deepest=40, batch=32, pool_batches=8, evals=5, eval_batches=2,
-                                       eval_batch_size=128, teacher_depth=16),
-    "cpu": converged.ConvergedConfig("cpu", steps_deepest=4_000),
-    "paper": converged.ConvergedConfig("paper", steps_deepest=40_000, batch=1024, pool_batches=4_096),
-}
+#: Profiles (``ToyProfile.converged``). smoke: seconds (numbers meaningless). cpu: tied and independent teachers at
+#: T = 1 with 3 replicates each and the tied teacher at T = 0.01 (1 replicate), the paper's six depths, every route;
+#: the deepest student trains 4,000 steps × 256 from a pool of 524k inputs, a depth-ℓ one 4,000·min(48/ℓ, 8) (7 units,
+#: about an hour on 2 one-thread workers). paper: the same cells at batch 1024 and 10× the steps, for a GPU.
 
 
 def _unit_label(cell: dict) -> str:
@@ -283,65 +340,66 @@ def train_converged_unit(config: dict, cell: dict, device: str = "cpu", progress
     """Every route of every depth of one (teacher, T, replicate) of the protocol, resumable student by student
     (each finished student's weights, curve and summary are saved in the unit's folder in the cache: chapters 5
     and 7 reuse the weights). Returns the unit's run folder. Module-level, so an executor can run it."""
-    import dataclasses
-    import time
-
     import torch
 
+    from depthlib import runtime
+    from depthlib.contract import from_dict
     from depthlib.toy.models import StudentWeights
-    cfg = converged.ConvergedConfig.from_dict(config).validate()
-    run = results.open_run(CONVERGED_UNITS, {**cfg.to_dict(), "cell": cell})
-    if run.complete and not run.stale:
-        return str(run.path)
-    results.prepare_run(run)
-    t0, before = time.perf_counter(), run.elapsed_before()
+    runtime.configure_process()
+    cfg = from_dict(converged.ConvergedConfig, config).validate()
+    with results.computing(CONVERGED_UNITS, {**cfg.to_dict(), "cell": cell}, profile=cfg.profile,
+                           code=(COMPUTE[CONVERGED_UNITS],), seed=cfg.seed, device=device,
+                           saves="every finished student of this unit is saved in {folder}") as job:
+        if job.complete:
+            return str(job.run.path)
+        run = job.run
 
-    def path(route, depth):
-        return run.path / f"student_{route}_{depth:03d}.pt"
+        def path(route, depth):
+            return run.path / f"student_{route}_{depth:03d}.pt"
 
-    def load(route, depth):
-        p = path(route, depth)
-        if not (p.exists() and results.readable_checkpoint(p)):
-            return None
-        s = torch.load(p, weights_only=False)
-        return StudentWeights(**s["weights"]), pd.DataFrame(s["curve"]), s["row"]
+        def load(route, depth):
+            p = path(route, depth)
+            if not (p.exists() and results.readable_checkpoint(p)):
+                return None
+            s = torch.load(p, weights_only=False)
+            return StudentWeights(**s["weights"]), pd.DataFrame(s["curve"]), s["row"]
 
-    def save(route, depth, w, curve, row):
-        results.atomic_torch_save(path(route, depth), {"weights": dataclasses.asdict(w), "curve": curve.to_dict("list"),
-                                                       "row": row})
-        run.record_elapsed(before + time.perf_counter() - t0)
+        def save(route, depth, w, curve, row):
+            results.atomic_torch_save(path(route, depth), {"weights": dataclasses.asdict(w), "row": row,
+                                                           "curve": curve.to_dict("list")})
+            job.save_progress()
 
-    say = (lambda msg: print(f"[depthlib] {_unit_label(cell)}: {msg}", file=sys.stderr, flush=True)) if progress \
-        else (lambda msg: None)
-    rows, curves = converged.train_unit(cfg, cell, load, save, say, device)
-    run.write_table("converged", pd.DataFrame(rows))
-    run.write_table("curves", pd.concat(curves, ignore_index=True))
-    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=before + time.perf_counter() - t0, device=device,
-               code=CONVERGED_CODE, cell=cell, torch_threads=torch.get_num_threads())
-    (run.path / "progress.json").unlink(missing_ok=True)
+        say = (lambda msg: print(f"[depthlib] {_unit_label(cell)}: {msg}", file=sys.stderr, flush=True)) \
+            if progress else (lambda msg: None)
+        rows, curves = converged.train_unit(cfg, cell, load, save, say, device)
+        run.write_table("converged", pd.DataFrame(rows))
+        run.write_table("curves", pd.concat(curves, ignore_index=True))
+        job.record(cell=cell, torch_threads=torch.get_num_threads())
     return str(run.path)
 
 
-def merge_converged(cfg: converged.ConvergedConfig, unit_runs: list[results.Run], wall_time_s: float) -> results.Run:
+def merge_converged(cfg: converged.ConvergedConfig, unit_runs: list[results.Run]) -> results.Run:
     """The protocol's run: every unit's students (``converged``: one row per student and route), their curves, the
     best route per student (``best``), α_ℓ per replicate and across replicates (``alpha``, ``alpha_summary``),
     local slopes and the paired tied − independent difference at T = 1 (``separation``)."""
-    run = results.prepare_run(results.open_run(CONVERGED_EXPERIMENT, cfg.to_dict()))
-    rows = pd.concat([r.table("converged") for r in unit_runs], ignore_index=True)
-    curves = pd.concat([r.table("curves") for r in unit_runs], ignore_index=True)
-    best = converged.best_routes(rows)
-    per, summary = converged.alpha_tables(best)
-    run.write_table("converged", rows)
-    run.write_table("curves", curves)
-    run.write_table("best", best)
-    run.write_table("alpha", per)
-    run.write_table("alpha_summary", summary)
-    run.write_table("slopes", converged.local_slopes(best))
-    run.write_table("separation", pd.DataFrame([converged.separation(per)]))
-    units = {Path(r.path).name: {"cell": r.manifest.get("cell"), "wall_time_s": r.manifest.get("wall_time_s"),
-                                 "torch_threads": r.manifest.get("torch_threads")} for r in unit_runs}
-    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=wall_time_s, device="cpu", code=CONVERGED_CODE,
-               units=units, unit_wall_time_s=sum(u["wall_time_s"] or 0 for u in units.values()))
+    with results.computing(CONVERGED_EXPERIMENT, cfg.to_dict(), profile=cfg.profile,
+                           code=(COMPUTE[CONVERGED_EXPERIMENT],), seed=cfg.seed, device="cpu") as job:
+        if job.complete:
+            return job.run
+        run = job.run
+        rows = pd.concat([r.table("converged") for r in unit_runs], ignore_index=True)
+        best = converged.best_routes(rows)
+        per, alpha_summary = converged.alpha_tables(best)
+        run.write_table("converged", rows)
+        run.write_table("curves", pd.concat([r.table("curves") for r in unit_runs], ignore_index=True))
+        run.write_table("best", best)
+        run.write_table("alpha", per)
+        run.write_table("alpha_summary", alpha_summary)
+        run.write_table("slopes", converged.local_slopes(best))
+        run.write_table("separation", pd.DataFrame([converged.separation(per)]))
+        units = {r.path.name: {"cell": r.manifest.get("cell"), "wall_time_s": r.manifest.get("wall_time_s"),
+                               "torch_threads": r.manifest.get("torch_threads")} for r in unit_runs}
+        job.record(units=units, unit_wall_time_s=sum(u["wall_time_s"] or 0 for u in units.values()))
     return run
 
 
@@ -350,24 +408,21 @@ def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = 
     there is none, its units (one per teacher, temperature and replicate; tied ones first, they take longest) run
     now on ``executor`` (default: one process per core, each on one torch thread — the measured-fast layout)."""
     import os
-    import time
 
     from depthlib import executors
     results.check_profile(profile)
-    cfg = CONVERGED[profile]
+    cfg = PROFILES[profile].converged
 
-    def compute() -> results.Run:
-        t0 = time.perf_counter()
+    def make() -> results.Run:
         cells = sorted(cfg.units(), key=lambda c: (-c["rho"], -c["temperature"], c["replicate"]))
         units = [executors.Unit(_unit_label(c), "depthlib.toy.chapter:train_converged_unit",
                                 {"config": cfg.to_dict(), "cell": c, "device": device}) for c in cells]
         ex = executor or executors.ExecutorConfig("joblib", jobs=max(1, min(os.cpu_count() or 1, len(units))),
                                                   threads=1)
-        unit_runs = executors.finished_runs(units, ex, CONVERGED_UNITS, f"converged protocol ({profile})")
-        return merge_converged(cfg, unit_runs, time.perf_counter() - t0)
+        return merge_converged(cfg, executors.finished_runs(units, ex, f"converged protocol ({profile})"))
 
-    return results.chapter_run(CONVERGED_EXPERIMENT, profile, compute, rerun=rerun,
-                               expected_config=lambda p: CONVERGED[p].to_dict() if p in CONVERGED else None)
+    return results.chapter_run(CONVERGED_EXPERIMENT, profile, make, rerun=rerun,
+                               expected_config=lambda p: PROFILES[p].converged.to_dict() if p in PROFILES else None)
 
 
 def paper_route(runs: dict[str, results.Run]) -> pd.DataFrame:
@@ -446,7 +501,7 @@ def replay_converged(run: results.Run) -> pd.DataFrame:
     committed and recomputed held-out losses at step 0 (the untrained discretisation) and at that step."""
     from depthlib.toy.engine import StudentSpec
     from depthlib.toy.models import derive_seed, make_teacher
-    cfg = converged.ConvergedConfig.from_dict(run.config)
+    cfg = from_dict(converged.ConvergedConfig, run.config)
     depth, route, r, temp = max(cfg.depths), "euler", 0, 1.0
     teacher = make_teacher(1.0, derive_seed(cfg.seed, "teacher", r), cfg.shape())
     pool = converged.make_pool(cfg, teacher, r)

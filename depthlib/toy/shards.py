@@ -11,18 +11,19 @@ the same torch thread count (float64 reductions such as the lag cosines differ i
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pandas as pd
 
-from depthlib import executors, results
+from depthlib import executors, paths, results
+from depthlib.contract import from_dict
 from depthlib.toy import analysis
-from depthlib.toy.sweep import CODE, EXPERIMENT, SweepConfig, open_sweep_run
+from depthlib.toy.sweep import EXPERIMENT, SweepConfig
 
 #: shard runs live apart from the sweeps a chapter shows
 SHARD_EXPERIMENT = "toy-shards"
-#: the merged run's numbers depend on the sweep's code and on this merge
-MERGED_CODE = CODE + ("depthlib.toy.shards",)
+#: a merged run's numbers are computed by the sweep's code (its code modules are derived from the sweep's entry; the
+#: merge is tested to equal the serial sweep bit for bit)
+CODE = ("depthlib.toy.sweep:run_sweep",)
 
 
 def shard_configs(cfg: SweepConfig) -> list[SweepConfig]:
@@ -34,9 +35,8 @@ def shard_configs(cfg: SweepConfig) -> list[SweepConfig]:
 def train_shard(config: dict, device: str = "cpu") -> str:
     """Train (or resume, or load) one shard; returns its run folder. Module-level, so executors can pickle it."""
     from depthlib.toy import chapter
-    cfg = SweepConfig(**{**config, "cells": tuple(tuple(c) for c in config["cells"]),
-                         "depths": tuple(config["depths"])})
-    return str(chapter.train(cfg, device, progress=False, experiment=SHARD_EXPERIMENT).path)
+    cfg = from_dict(SweepConfig, config)
+    return str(chapter.compute(cfg, device, progress=False, experiment=SHARD_EXPERIMENT).path)
 
 
 def _order(cfg: SweepConfig, df: pd.DataFrame, before: tuple = (), after: tuple = ()) -> pd.DataFrame:
@@ -57,13 +57,17 @@ def _students_then_teachers(cfg: SweepConfig, df: pd.DataFrame, within: str) -> 
     return pd.concat([_order(cfg, df[df["net"] == "student"], after=(within,)), teachers], ignore_index=True)
 
 
-def merge(cfg: SweepConfig, shard_runs: list[results.Run], *, wall_time_s: float, executor: str,
-          device: str = "cpu", root=None) -> results.Run:
-    """Write the merged run of ``cfg`` (the serial sweep's cache key) from its finished shard runs."""
-    run = open_sweep_run(cfg, root=root)
-    results.prepare_run(run)
-    if run.complete:
-        return run
+def _computing(cfg: SweepConfig, device: str, root=None):
+    """The lifecycle (:func:`depthlib.results.computing`) of the serial sweep's run of ``cfg``."""
+    return results.computing(EXPERIMENT, cfg.validate().to_dict(), profile=cfg.profile, seed=cfg.seed, code=CODE,
+                             device=device, root=root,
+                             saves=f"finished shards (one per ρ) and their checkpoints are under "
+                                   f"{paths.local_results_dir() / SHARD_EXPERIMENT}")
+
+
+def merge(cfg: SweepConfig, shard_runs: list[results.Run], job: results.Computation, *, executor: str) -> None:
+    """Write the merged run of ``cfg`` (the serial sweep's cache key, ``job.run``) from its finished shard runs."""
+    run = job.run
     tables = {name: pd.concat([r.table(name) for r in shard_runs], ignore_index=True)
               for name in ("curves", "signatures", "lag_cos", "teachers")}
     curves = _order(cfg, tables["curves"], before=("step",))
@@ -76,26 +80,24 @@ def merge(cfg: SweepConfig, shard_runs: list[results.Run], *, wall_time_s: float
                     .reset_index(drop=True))
     m = [r.manifest for r in shard_runs]
     flop = sum(x.get("flop_total") or 0 for x in m)
-    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=wall_time_s, device=device, code=MERGED_CODE,
-               n_students=sum(x.get("n_students") or 0 for x in m), flop_total=flop,
-               gflop_per_s=round(flop / wall_time_s / 1e9, 2) if wall_time_s > 0 else None,
+    wall = job.elapsed
+    job.record(n_students=sum(x.get("n_students") or 0 for x in m), flop_total=flop,
+               gflop_per_s=round(flop / wall / 1e9, 2) if wall > 0 else None,
                executor=executor, shards=[f"{r.experiment}/{r.key}" for r in shard_runs],
                shard_wall_time_s=[x.get("wall_time_s") for x in m])
-    return run
 
 
 def run_sharded(cfg: SweepConfig, executor: executors.ExecutorConfig, device: str = "cpu") -> results.Run:
     """Train ``cfg`` as one shard per ρ with ``executor`` and merge them; a finished merged run is loaded.
     A failed shard raises one :class:`InputError` line naming it and its log; finished shards stay cached."""
-    cfg = cfg.validate()
-    run = results.prepare_run(open_sweep_run(cfg))
-    if run.complete:
-        return run
-    t0 = time.perf_counter()
-    units = [executors.Unit(f"toy-rho{s.cells[0][0]:g}", "depthlib.toy.shards:train_shard",
-                            {"config": s.to_dict(), "device": device}) for s in shard_configs(cfg)]
-    shard_runs = executors.finished_runs(units, executor, SHARD_EXPERIMENT, f"toy sweep {run.key}")
-    return merge(cfg, shard_runs, wall_time_s=time.perf_counter() - t0, executor=executor.kind, device=device)
+    with _computing(cfg, device) as job:
+        if job.complete:
+            return job.run
+        units = [executors.Unit(f"toy-rho{s.cells[0][0]:g}", "depthlib.toy.shards:train_shard",
+                                {"config": s.to_dict(), "device": device}) for s in shard_configs(cfg)]
+        shard_runs = executors.finished_runs(units, executor, f"toy sweep {job.run.key}")
+        merge(cfg, shard_runs, job, executor=executor.kind)
+    return job.run
 
 
-__all__ = ["EXPERIMENT", "MERGED_CODE", "SHARD_EXPERIMENT", "merge", "run_sharded", "shard_configs", "train_shard"]
+__all__ = ["CODE", "EXPERIMENT", "SHARD_EXPERIMENT", "merge", "run_sharded", "shard_configs", "train_shard"]

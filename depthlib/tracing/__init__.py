@@ -12,7 +12,7 @@ how much that state carries the fact. One concept per module:
                                      the naive reference :func:`naive_grid`, :func:`trace_facts`
 - :mod:`~depthlib.tracing.facts`     our fact set (package data ``facts/``): load, save, check, build
 - :mod:`~depthlib.tracing.analysis`  fact-set averages, the two functional groups, prompt peaks, closing note
-- :mod:`~depthlib.tracing.chapter`   the chapter's PROFILES, the run it shows (:func:`chapter_run`), :func:`replay`
+- :mod:`~depthlib.tracing.chapter`   the chapter contract: PROFILES, the run it shows (:func:`runs`), replay
 - :mod:`~depthlib.tracing.shards`    the same run as jobs of an executor (prompts per model, then fact slices)
 
 Model plumbing (architecture table, loading, hooks) is in :mod:`depthlib.models`.
@@ -22,14 +22,12 @@ from __future__ import annotations
 from depthlib.tracing.analysis import average_effect, closing_note, functional_groups, prompt_peaks
 from depthlib.tracing.chapter import (
     CHAPTER_PROMPTS,
-    CODE,
+    COMPUTE,
     EXPERIMENT,
     PROFILES,
-    ChapterProfile,
+    TracingProfile,
     chapter_config,
-    chapter_run,
     chapter_tables,
-    compute_chapter,
     replay,
 )
 from depthlib.tracing.facts import Fact, build_fact_set, check_facts, known_facts, load_facts, save_facts
@@ -64,10 +62,10 @@ from depthlib.tracing.tracer import (
 )
 
 __all__ = [
-    "CHAPTER_PROMPTS", "CODE", "EXPERIMENT", "KINDS", "NOISE_PRESETS", "PROFILES", "ROLES",
-    "CausalTracer", "ChapterProfile", "Fact", "Located", "Trace", "TraceConfig", "TraceResult",
-    "average_effect", "build_fact_set", "chapter_config", "chapter_run", "chapter_tables", "check_facts",
-    "clean_states", "closing_note", "compute_chapter", "corrupted_run", "embedding_matrix_std", "functional_groups",
+    "CHAPTER_PROMPTS", "COMPUTE", "EXPERIMENT", "KINDS", "NOISE_PRESETS", "PROFILES", "ROLES",
+    "CausalTracer", "Fact", "Located", "Trace", "TraceConfig", "TraceResult",
+    "TracingProfile", "average_effect", "build_fact_set", "chapter_config", "chapter_tables", "check_facts",
+    "clean_states", "closing_note", "corrupted_run", "embedding_matrix_std", "functional_groups",
     "known_facts", "last_logits", "load_facts", "locate", "naive_grid", "noise_sigma", "paper_config",
     "patched_probs", "prompt_peaks", "replay", "restored_logits", "resume_from", "save_facts", "site_module",
     "subject_embedding_std", "subject_noise", "trace", "trace_facts", "window_layers",

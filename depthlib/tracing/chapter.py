@@ -1,9 +1,7 @@
 """Chapter 4's glue: the profiles of the causal-tracing chapter, the run it shows, and its replay check.
 
-Every chapter has this module with the same names (design: "Every chapter has the same shape"): ``PROFILES``
-(smoke | cpu | paper settings), ``chapter_run(profile, rerun=...)`` (the run found by
-:func:`depthlib.results.chapter_run`, computed if there is none) and ``replay(run)`` (recompute a cheap part of a
-run with the current code and return the committed and recomputed numbers side by side).
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part, ``trace``),
+``compute``, ``replay``, ``describe``, ``summary`` and ``COMPUTE``.
 
 A run's tables, per model M (``M`` made file-safe): ``check_M`` (does M know each chapter prompt and fact; column
 ``kind`` is ``"prompt"`` or ``"fact"``), ``prompts_M`` (heat maps of the chapter prompts M knows, every token,
@@ -11,16 +9,16 @@ every kind of the profile) and ``facts_M`` (the fact-set traces at the profile's
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import pandas as pd
 
 from depthlib import results
+from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.models.loading import load_model
 from depthlib.tracing.facts import Fact, check_facts, load_facts, safe_name
@@ -28,9 +26,9 @@ from depthlib.tracing.patching import KINDS
 from depthlib.tracing.tracer import CausalTracer, TraceConfig, trace_facts
 
 EXPERIMENT = "causal_tracing"
-#: The modules whose code decides a run's numbers (its manifest records their fingerprint; not this module).
-CODE = ("depthlib.tracing.locate", "depthlib.tracing.noise", "depthlib.tracing.patching", "depthlib.tracing.tracer",
-        "depthlib.tracing.facts", "depthlib.models.arch", "depthlib.models.loading", "depthlib.models.hooks")
+#: The compute entry of the chapter's runs: their code modules are derived from its imports
+#: (:func:`depthlib.results.compute_modules`: locate, noise, patching, tracer, facts and the model adapters).
+COMPUTE = {EXPERIMENT: "depthlib.tracing.chapter:compute"}
 #: The paper's prompt (spec §6: "The space needle is in downtown" -> " Seattle") and two classic ROME facts.
 CHAPTER_PROMPTS = (
     ("The Space Needle is in downtown", "Space Needle", " Seattle"),
@@ -40,7 +38,7 @@ CHAPTER_PROMPTS = (
 
 
 @dataclass(frozen=True)
-class ChapterProfile:
+class TracingProfile(Profile):
     """What the chapter computes under one profile (design: Profiles)."""
 
     name: str
@@ -61,13 +59,13 @@ class ChapterProfile:
 
 PROFILES = {
     # seconds: one prompt, two noise samples, block outputs, four facts
-    "smoke": ChapterProfile("smoke", ("gemma-3-270m", "smollm2-135m"), 1, ("block",), 2, n_facts=4, n_check=8),
+    "smoke": TracingProfile("smoke", ("gemma-3-270m", "smollm2-135m"), 1, ("block",), 2, n_facts=4, n_check=8),
     # minutes on 2 CPU cores: ROME's settings (10 samples, windows) for the heat maps of two prompts;
     # the fact-set average on block outputs only, 3 samples, 30 facts per model (a CPU cannot afford more)
-    "cpu": ChapterProfile("cpu", ("gemma-3-270m", "smollm2-135m"), 2, KINDS, 10, n_facts=30, fact_samples=3,
+    "cpu": TracingProfile("cpu", ("gemma-3-270m", "smollm2-135m"), 2, KINDS, 10, n_facts=30, fact_samples=3,
                           fact_kinds=("block",)),
     # a GPU: the paper's noise (3 x embedding-matrix std, 1 sample, window 1), every fact, every token
-    "paper": ChapterProfile("paper", ("gemma-3-270m", "smollm2-135m"), 3, KINDS, 1, noise="paper", window=1,
+    "paper": TracingProfile("paper", ("gemma-3-270m", "smollm2-135m"), 3, KINDS, 1, noise="paper", window=1,
                             fact_positions=None),
 }
 
@@ -82,7 +80,7 @@ def chapter_config(profile: str, extra_models: Sequence[str] = ()) -> dict:
     The device is not part of it (it changes speed, not the numbers; the manifest records it)."""
     results.check_profile(profile)
     prof = PROFILES[profile]
-    return {**asdict(prof), "models": list(prof.models) + list(extra_models),
+    return {**prof.to_dict(), "models": list(prof.models) + list(extra_models),
             "prompts": [list(p) for p in CHAPTER_PROMPTS[: prof.n_prompts]], "facts": _facts_digest(load_facts())}
 
 
@@ -97,14 +95,13 @@ def _trace_config(config: dict, *, samples: int | None = None, seed_offset: int 
                        seed=config["seed"] + seed_offset)
 
 
-def _chapter_facts(profile: ChapterProfile) -> list[Fact]:
+def _chapter_facts(profile: TracingProfile) -> list[Fact]:
     return [Fact(f"p{i + 1}", "chapter prompt", *p) for i, p in enumerate(CHAPTER_PROMPTS[: profile.n_prompts])]
 
 
-def profile_of(config: dict) -> ChapterProfile:
-    """The :class:`ChapterProfile` a run's config holds (so that a job elsewhere needs the config alone)."""
-    names = [f.name for f in dataclasses.fields(ChapterProfile)]
-    return ChapterProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in names})
+def profile_of(config: dict) -> TracingProfile:
+    """The :class:`TracingProfile` a run's config holds (so that a job elsewhere needs the config alone)."""
+    return TracingProfile.from_dict(config)
 
 
 def model_prompts(name: str, config: dict, device: str = "cpu",
@@ -160,51 +157,53 @@ def model_done(run: results.Run, name: str) -> bool:
     return all(run.has(f"{t}_{safe_name(name)}") for t in ("check", "prompts", "facts", "baseline"))
 
 
-def compute_chapter(profile: str = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
-                    progress: bool = False) -> results.Run:
-    """Compute (or resume) the chapter's tables for ``profile`` in the local results cache; returns the Run.
-
-    Models already done (all four tables written) are skipped, so an interrupted run resumes. A complete run
-    computed by other code (stale fingerprint) is recomputed from scratch. (:mod:`depthlib.tracing.shards` computes
-    the same run as jobs of an executor.)
-    """
+def compute(profile: str = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
+            progress: bool = False, force: bool = False) -> results.Run:
+    """Compute (or resume, or load) the chapter's tables for ``profile`` in the local results cache; returns the Run
+    (the lifecycle of :func:`depthlib.results.computing`). Models already done (all four tables written) are skipped,
+    so an interrupted run resumes. (:mod:`depthlib.tracing.shards` computes the same run as jobs of an executor.)"""
     config = chapter_config(profile, extra_models)
-    run = results.fresh_run(EXPERIMENT, config)
-    if run.complete:
-        return run
-    start, before = time.perf_counter(), run.elapsed_before()
-    for name in config["models"]:
-        if model_done(run, name):
-            continue
-        check, prompts = model_prompts(name, config, device, progress)
-        facts, baseline = model_fact_traces(name, config, chosen_facts(config, check), device, progress)
-        write_model_tables(run, name, check, prompts, facts, baseline)
-        run.record_elapsed(before + time.perf_counter() - start)
-    finish(run, wall_time_s=before + time.perf_counter() - start, device=device)
-    return run
+    with computing(config, device=device, force=force) as job:
+        if job.complete:
+            return job.run
+        for name in config["models"]:
+            if model_done(job.run, name):
+                continue
+            check, prompts = model_prompts(name, config, device, progress)
+            facts, baseline = model_fact_traces(name, config, chosen_facts(config, check), device, progress)
+            write_model_tables(job.run, name, check, prompts, facts, baseline)
+            job.save_progress()
+    return job.run
 
 
-def finish(run: results.Run, *, wall_time_s: float, device: str, code: tuple = CODE, **extra) -> None:
-    """Close a chapter run (its profile, seed and models are in its config)."""
-    run.finish(profile=run.config["name"], seed=run.config["seed"], wall_time_s=wall_time_s, device=device, code=code,
-               models=run.config["models"], n_facts_total=len(load_facts()), **extra)
-    (run.path / "progress.json").unlink(missing_ok=True)
+@contextmanager
+def computing(config: dict, *, device: str = "cpu", force: bool = False) -> Iterator[results.Computation]:
+    """The lifecycle (:func:`depthlib.results.computing`) of the chapter run of ``config`` (its profile, seed and
+    models are in the config); the manifest also records the models and the fact set's size."""
+    with results.computing(EXPERIMENT, config, profile=config["name"], seed=config["seed"], code=COMPUTE.values(),
+                           device=device, force=force, saves="finished models are kept in {folder}") as job:
+        job.record(models=config["models"], n_facts_total=len(load_facts()))
+        yield job
 
 
-def chapter_run(profile: str = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
-                rerun: bool = False, progress: bool = False) -> results.Run:
-    """The run chapter 4 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`, among runs
-    whose config is a profile's current one with these ``extra_models``); computed now if there is none."""
+def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+         extra_models: Sequence[str] = (), progress: bool = False) -> dict[str, results.Run]:
+    """``{"trace": run}``: the run chapter 4 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`,
+    among runs whose config is a profile's current one with these ``extra_models``); computed now if there is none,
+    in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as jobs of it."""
     results.check_profile(profile)
     extra = tuple(extra_models)
 
     def expected(prof: str) -> dict | None:
         return chapter_config(prof, extra) if prof in PROFILES else None
 
-    return results.chapter_run(
-        EXPERIMENT, profile,
-        lambda: compute_chapter(profile, extra_models=extra, device=device, progress=progress),
-        expected_config=expected, rerun=rerun)
+    def make() -> results.Run:
+        if executor is not None and executor.kind != "serial":
+            from depthlib.tracing import shards
+            return shards.run_sharded(profile, executor, extra_models=extra, device=device)
+        return compute(profile, extra_models=extra, device=device, progress=progress)
+
+    return {"trace": results.chapter_run(EXPERIMENT, profile, make, expected_config=expected, rerun=rerun)}
 
 
 def chapter_tables(run: results.Run) -> dict[str, pd.DataFrame]:
@@ -245,3 +244,21 @@ def replay(run: results.Run) -> pd.DataFrame:
     keys = ["layer", "token_index"]
     out = block[["model", "prompt", *keys, "token", "role", "p"]].rename(columns={"p": "committed"})
     return out.merge(replayed[[*keys, "p"]].rename(columns={"p": "replayed"}), on=keys, how="left")
+
+
+def describe(run: results.Run) -> dict:
+    """Provenance and settings of a run, for the chapter's text."""
+    c = run.config
+    return {**results.run_info(run), **{k: c.get(k) for k in ("models", "samples", "noise", "window", "n_facts",
+                                                             "fact_samples", "fact_positions", "dtype", "seed")},
+            "prompts": [p[0] for p in c.get("prompts", [])], "executor": run.manifest.get("executor", "serial")}
+
+
+def summary(run: results.Run) -> dict:
+    """The key numbers of a run: per model, the chapter prompts and facts it knows and the facts traced."""
+    tables = chapter_tables(run)
+    check, facts = tables["check"], tables["facts"]
+    known = ({m: {k: int(g.loc[g["kind"] == k, "correct"].sum()) for k in ("prompt", "fact")}
+              for m, g in check.groupby("model")} if len(check) else {})
+    return {"run": str(run.path), **describe(run), "known": known,
+            "facts_traced": {m: int(g["fact_id"].nunique()) for m, g in facts.groupby("model")} if len(facts) else {}}

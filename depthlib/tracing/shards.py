@@ -11,8 +11,6 @@ Why the merge is exact: a fact's trace depends on that fact alone (its noise is 
 """
 from __future__ import annotations
 
-import time
-
 import pandas as pd
 
 from depthlib import executors, results
@@ -21,37 +19,34 @@ from depthlib.tracing import chapter
 from depthlib.tracing.facts import load_facts, safe_name
 
 SHARD_EXPERIMENT = "tracing-shards"
-#: the merged run's numbers depend on the tracer's code and on this merge
-MERGED_CODE = chapter.CODE + ("depthlib.tracing.shards",)
+#: a shard's numbers are computed by the chapter's code (its code modules are derived from the chapter's entry; the
+#: merge is tested to equal the one-process run bit for bit)
+CODE = tuple(chapter.COMPUTE.values())
 
 
 def prompts_unit(config: dict, model: str, device: str = "cpu") -> str:
     """Round 1 for ``model`` of the chapter run ``config``: its check and prompt heat maps; returns the shard's
     run folder."""
-    run = results.prepare_run(results.open_run(SHARD_EXPERIMENT, {**config, "model": model, "part": "prompts"}))
-    if not run.complete:
-        t0 = time.perf_counter()
-        check, prompts = chapter.model_prompts(model, config, device)
-        run.write_table("prompts", prompts)
-        run.write_table("check", check)
-        run.finish(profile=config["name"], seed=config["seed"], wall_time_s=time.perf_counter() - t0,
-                   device=device, code=chapter.CODE)
-    return str(run.path)
+    with results.computing(SHARD_EXPERIMENT, {**config, "model": model, "part": "prompts"}, profile=config["name"],
+                           seed=config["seed"], code=CODE, device=device) as job:
+        if not job.complete:
+            check, prompts = chapter.model_prompts(model, config, device)
+            job.run.write_table("prompts", prompts)
+            job.run.write_table("check", check)
+    return str(job.run.path)
 
 
 def facts_unit(config: dict, model: str, fact_ids: list, device: str = "cpu") -> str:
     """Round 2 for ``model``: the fact-set traces and baseline of the facts ``fact_ids`` (in that order)."""
-    run = results.prepare_run(results.open_run(SHARD_EXPERIMENT, {**config, "model": model, "part": "facts",
-                                                                  "fact_ids": list(fact_ids)}))
-    if not run.complete:
-        t0 = time.perf_counter()
-        by_id = {f.id: f for f in load_facts()}
-        facts, baseline = chapter.model_fact_traces(model, config, [by_id[i] for i in fact_ids], device)
-        run.write_table("facts", facts)
-        run.write_table("baseline", baseline)
-        run.finish(profile=config["name"], seed=config["seed"], wall_time_s=time.perf_counter() - t0,
-                   device=device, code=chapter.CODE, fact_ids=list(fact_ids))
-    return str(run.path)
+    with results.computing(SHARD_EXPERIMENT, {**config, "model": model, "part": "facts", "fact_ids": list(fact_ids)},
+                           profile=config["name"], seed=config["seed"], code=CODE, device=device) as job:
+        if not job.complete:
+            by_id = {f.id: f for f in load_facts()}
+            facts, baseline = chapter.model_fact_traces(model, config, [by_id[i] for i in fact_ids], device)
+            job.run.write_table("facts", facts)
+            job.run.write_table("baseline", baseline)
+            job.record(fact_ids=list(fact_ids))
+    return str(job.run.path)
 
 
 def _slices(items: list, n: int) -> list[list]:
@@ -62,7 +57,7 @@ def _slices(items: list, n: int) -> list[list]:
 
 
 def _run_round(units: list[executors.Unit], executor: executors.ExecutorConfig) -> list[results.Run]:
-    return executors.finished_runs(units, executor, SHARD_EXPERIMENT, "causal tracing")
+    return executors.finished_runs(units, executor, "causal tracing")
 
 
 def run_sharded(profile: str, executor: executors.ExecutorConfig, *, extra_models=(), device: str = "cpu",
@@ -72,30 +67,28 @@ def run_sharded(profile: str, executor: executors.ExecutorConfig, *, extra_model
     if fact_shards < 1:
         raise InputError(f"--shards must be >= 1, got {fact_shards}")
     config = chapter.chapter_config(profile, extra_models)
-    run = results.fresh_run(chapter.EXPERIMENT, config)
-    if run.complete:
-        return run
-    t0 = time.perf_counter()
-    models = config["models"]
-    first = _run_round([executors.Unit(f"trace-{safe_name(m)}-prompts", "depthlib.tracing.shards:prompts_unit",
-                                       dict(config=config, model=m, device=device)) for m in models], executor)
-    plan = [(m, ids) for m, r in zip(models, first)
-            for ids in _slices([f.id for f in chapter.chosen_facts(config, r.table("check"))], fact_shards)]
-    second = _run_round([executors.Unit(f"trace-{safe_name(m)}-facts-{ids[0]}-{ids[-1]}",
-                                        "depthlib.tracing.shards:facts_unit",
-                                        dict(config=config, model=m, fact_ids=ids, device=device))
-                         for m, ids in plan], executor)
-    for m, r in zip(models, first):
-        parts = [s for (name, _), s in zip(plan, second) if name == m]
+    with chapter.computing(config, device=device) as job:
+        if job.complete:
+            return job.run
+        models = config["models"]
+        first = _run_round([executors.Unit(f"trace-{safe_name(m)}-prompts", "depthlib.tracing.shards:prompts_unit",
+                                           dict(config=config, model=m, device=device)) for m in models], executor)
+        plan = [(m, ids) for m, r in zip(models, first)
+                for ids in _slices([f.id for f in chapter.chosen_facts(config, r.table("check"))], fact_shards)]
+        second = _run_round([executors.Unit(f"trace-{safe_name(m)}-facts-{ids[0]}-{ids[-1]}",
+                                            "depthlib.tracing.shards:facts_unit",
+                                            dict(config=config, model=m, fact_ids=ids, device=device))
+                             for m, ids in plan], executor)
+        for m, r in zip(models, first):
+            parts = [s for (name, _), s in zip(plan, second) if name == m]
 
-        def cat(table: str) -> pd.DataFrame:
-            frames = [s.table(table) for s in parts]
-            return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-        chapter.write_model_tables(run, m, r.table("check"), r.table("prompts"), cat("facts"), cat("baseline"))
-    chapter.finish(run, wall_time_s=time.perf_counter() - t0, device=device, code=MERGED_CODE,
-                   executor=executor.kind, shards=[f"{s.experiment}/{s.key}" for s in first + second],
+            def cat(table: str) -> pd.DataFrame:
+                frames = [s.table(table) for s in parts]
+                return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+            chapter.write_model_tables(job.run, m, r.table("check"), r.table("prompts"), cat("facts"), cat("baseline"))
+        job.record(executor=executor.kind, shards=[f"{s.experiment}/{s.key}" for s in first + second],
                    shard_wall_time_s=[s.manifest.get("wall_time_s") for s in first + second])
-    return run
+    return job.run
 
 
-__all__ = ["MERGED_CODE", "SHARD_EXPERIMENT", "facts_unit", "prompts_unit", "run_sharded"]
+__all__ = ["CODE", "SHARD_EXPERIMENT", "facts_unit", "prompts_unit", "run_sharded"]
