@@ -45,7 +45,7 @@ def test_rescaled_deletion_keeps_the_total_middle_step():
 
 @pytest.mark.parametrize("text, message", [("", "empty plan"), ("0-6", "out of range"), ("[1+1]", "twice"),
                                            ("[1-3],[3-4]", "overlap"), ("a-b", "cannot read"), ("swap:5", "swap"),
-                                           ("1*inf", "non-finite"), ("delete:0-5", "empty plan")])
+                                           ("1*inf", "finite number"), ("delete:0-5", "empty plan")])
 def test_bad_plans_are_one_line_input_errors(text, message):
     with pytest.raises(InputError, match=message) as err:
         P.parse_plan(text, 6)
