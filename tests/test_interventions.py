@@ -273,4 +273,4 @@ def test_cli_intervene_json_and_bad_plan(tmp_path, monkeypatch, capsys):
     rc = main(["intervene", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
                "--plan", "0-9", "--json"])
     err = capsys.readouterr().err
-    assert rc == 2 and "block 4 is out of range" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "block 9 is out of range" in err and len(err.strip().splitlines()) == 1

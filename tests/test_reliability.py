@@ -170,6 +170,16 @@ def test_fp16_overflow_stops_probe_and_trace_naming_the_block(tmp_path, cache, c
         assert "block 1" in line and "float16 overflowed" in line and "float32" in line, line
 
 
+def test_a_manifest_stores_an_undefined_number_as_null_with_a_warning(cache):
+    from depthlib import results
+    run = results.open_run("reliability-test", {"a": 1})
+    run.path.mkdir(parents=True)
+    with pytest.warns(UserWarning, match=r"summary\.theta\[1\] not finite"):
+        run.finish(profile="smoke", seed=0, wall_time_s=1.0, code=("depthlib.finite",),
+                   summary={"theta": [0.5, float("nan")], "loss": 1.0})
+    assert json.loads((run.path / "manifest.json").read_text())["summary"] == {"theta": [0.5, None], "loss": 1.0}
+
+
 def test_guard_and_weight_check_leave_finite_numbers_unchanged():
     tok = tiny.tokenizer()
     m = tiny.model("llama", len(tok), layers=4)
