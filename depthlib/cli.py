@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from depthlib.errors import InputError
+from depthlib.errors import InputError, MachineError
 from depthlib.results import PROFILE_RANK, CheckpointWriteError
 
 PROFILES = PROFILE_RANK[::-1]   # smoke, cpu, paper: the one list of profiles (depthlib.results)
@@ -75,21 +75,23 @@ def _add_executor(p) -> None:
                              "submitit: SLURM jobs)")
     g.add_argument("--executor", choices=("serial", "joblib", "submitit"), default="serial",
                    help="serial: this process (default); joblib: local worker processes; submitit: SLURM jobs")
-    g.add_argument("--jobs", type=int, default=2, help="joblib worker processes (default 2)")
-    g.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default="auto",
-                   help="submitit cluster: auto (SLURM if present, else local subprocesses), slurm, local, debug")
+    g.add_argument("--jobs", type=int, default=None, help="joblib worker processes (default 2)")
+    g.add_argument("--cluster", choices=("auto", "slurm", "local", "debug"), default=None,
+                   help="submitit cluster: auto (SLURM if present, else local subprocesses; default), slurm, local, debug")
     g.add_argument("--partition", default=None, help="SLURM partition")
-    g.add_argument("--gpus-per-job", type=int, default=0, help="SLURM GPUs per job (default 0)")
-    g.add_argument("--time", type=int, default=240, metavar="MIN",
+    g.add_argument("--gpus-per-job", type=int, default=None, help="SLURM GPUs per job (default 0)")
+    g.add_argument("--time", type=int, default=None, metavar="MIN",
                    help="SLURM time limit per job in minutes (default 240); a timed-out job is requeued and resumes")
-    g.add_argument("--array-parallelism", type=int, default=64, help="SLURM jobs of the array running at once")
+    g.add_argument("--array-parallelism", type=int, default=None, help="SLURM jobs of the array running at once (default 64)")
 
 
 def _executor_config(args):
-    from depthlib.executors import ExecutorConfig
-    return ExecutorConfig(args.executor, jobs=args.jobs, threads=getattr(args, "threads", None), cluster=args.cluster,
-                          partition=args.partition, gpus_per_job=args.gpus_per_job, time_min=args.time,
-                          array_parallelism=args.array_parallelism).validate()
+    """The executor of the flags, checked (flags it would ignore, whether it can start here) before any run is
+    touched."""
+    from depthlib.executors import from_flags
+    return from_flags(args.executor, threads=getattr(args, "threads", None), shards=getattr(args, "shards", None),
+                      jobs=args.jobs, cluster=args.cluster, partition=args.partition, gpus_per_job=args.gpus_per_job,
+                      time_min=args.time, array_parallelism=args.array_parallelism)
 
 
 # ---- fit (issue 2) ---------------------------------------------------------------------------------
@@ -300,6 +302,8 @@ def _cmd_probe(args) -> dict[str, Any]:
     if args.corpus not in ("sotu", "fineweb"):
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)
+    validate.int_in_range("--docs", args.docs, 1)
+    validate.model_files("--model", args.model)
     run = chapter.compute(args.model, args.corpus, args.docs, cfg, executor=_executor_config(args), shards=args.shards,
                           force=args.force)
     out = chapter.summary(run)
@@ -316,16 +320,16 @@ def _add_trace(sub) -> None:
     p.add_argument("--subject", default=None, metavar="TEXT", help="the subject inside the prompt, e.g. 'Space Needle'")
     p.add_argument("--target", default=None, metavar="TEXT",
                    help="the continuation to score, e.g. ' Seattle' (default: the model's top-1 token)")
-    p.add_argument("--kind", choices=("block", "mlp", "attn"), default="block",
-                   help="what is restored: the block output, the MLP output or the attention output")
-    p.add_argument("--samples", type=int, default=10, metavar="N", help="noise samples (ROME 10, the paper 1)")
-    p.add_argument("--noise", default="rome", metavar="rome|paper|FLOAT",
-                   help="rome: 3 x std of subject embeddings over our fact set; paper: 3 x std of the embedding "
-                        "matrix; or the noise std itself")
+    p.add_argument("--kind", choices=("block", "mlp", "attn"), default=None,
+                   help="what is restored: the block output (default), the MLP output or the attention output")
+    p.add_argument("--samples", type=int, default=None, metavar="N", help="noise samples (default 10 as ROME; the paper 1)")
+    p.add_argument("--noise", default=None, metavar="rome|paper|FLOAT",
+                   help="rome (default): 3 x std of subject embeddings over our fact set; paper: 3 x std of the "
+                        "embedding matrix; or the noise std itself")
     p.add_argument("--window", type=int, default=None, metavar="W",
                    help="blocks restored around each layer (default: 1 for block, 10 for mlp/attn)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the noise")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--seed", type=int, default=None, help="seed of the noise (default 1)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="default float32")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     _add_force(p, "a single trace is never cached (seconds), so it is computed afresh anyway")
     p.add_argument("--profile", choices=PROFILES, default=None,
@@ -342,10 +346,15 @@ def _cmd_trace_chapter(args) -> dict[str, Any]:
     """``depthlib trace --profile P``: the chapter run, in this process or as jobs of --executor."""
     from depthlib import validate
     from depthlib.tracing import chapter, shards
-    given = [f"--{k}" for k in ("prompt", "subject", "target") if getattr(args, k) is not None]
+    given = [f"--{k}" for k in ("prompt", "subject", "target", *_TRACE_DEFAULTS, "window")
+             if getattr(args, k) is not None] + (["--force"] if args.force else [])
     if given:
-        raise InputError(f"--profile traces the chapter's prompts and fact set; drop {', '.join(given)}")
+        raise InputError(f"--profile traces the chapter's prompts and fact set with the profile's own settings (a "
+                         f"finished run resumes, it is never recomputed by --force); drop {', '.join(given)}")
     validate.resolve_device(args.device)
+    if args.model:
+        validate.accessible("--model", args.model)
+        validate.model_files("--model", args.model)     # before any model is traced (hours on the paper profile)
     extra = [args.model] if args.model and args.model not in chapter.PROFILES[args.profile].models else []
     executor = _executor_config(args)
     if executor.kind == "serial":
@@ -359,9 +368,15 @@ def _cmd_trace_chapter(args) -> dict[str, Any]:
             "run": out["run"]}
 
 
+_TRACE_DEFAULTS = {"kind": "block", "samples": 10, "noise": "rome", "seed": 1, "dtype": "float32"}
+
+
 def _cmd_trace(args) -> dict[str, Any]:
     if args.profile is not None:
         return _cmd_trace_chapter(args)
+    for key, value in _TRACE_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     missing = [f"--{k}" for k in ("model", "prompt", "subject") if getattr(args, k) is None]
     if missing:
         raise InputError(f"trace needs {', '.join(missing)} (or --profile for the chapter's whole run)")
@@ -378,11 +393,15 @@ def _cmd_trace(args) -> dict[str, Any]:
     from depthlib.models import load_model
     if args.noise not in tracing.NOISE_PRESETS:
         tracing.noise_sigma(None, None, args.noise)  # validates a number before loading the model
+    validate.model_files("--model", args.model)
     model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
+    from depthlib import finite
+    finite.check_weights(model, args.model)
     config = tracing.TraceConfig(samples=args.samples, noise=args.noise, window=args.window, seed=args.seed)
     tracer = tracing.CausalTracer(model, tok, config, name=args.model)
-    result = tracer.trace(args.prompt, args.subject, args.target, kinds=(args.kind,),
-                          progress=sys.stderr.isatty())[args.kind]
+    with finite.guard(model, args.model, args.dtype):   # fp16 overflow: one line, not a trace of NaN logits
+        result = tracer.trace(args.prompt, args.subject, args.target, kinds=(args.kind,),
+                              progress=sys.stderr.isatty())[args.kind]
     return {"model": args.model, "dtype": args.dtype, **result.summary(),
             "grid_axes": "grid[layer][token]: mean restored p(target), layer 0 = first block"}
 
@@ -415,6 +434,7 @@ def _cmd_intervene(args) -> dict[str, Any]:
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)
     validate.int_in_range("--docs", args.docs, 1)
+    validate.model_files("--model", args.model)
     cfg = interventions.InterventionConfig(max_length=args.max_length, batch_size=args.batch_size,
                                            rank_docs=args.rank_docs, device=args.device).validate()
     run = chapter.compute(args.model, args.corpus, args.docs, cfg, plans=args.plan, progress=True, force=args.force)
@@ -590,6 +610,9 @@ def _run(args: argparse.Namespace, argv: list[str], prefix: str) -> int:
                 else "nothing was saved (this command keeps no partial results); run it again to redo it")
         _say(f"{prefix}: interrupted: {said}", last=True)
         return 130
+    except MachineError as err:
+        _say(f"{prefix}: error: {' '.join(str(err).split())}", last=True)
+        return 1
     except CheckpointWriteError as err:
         _say(f"{prefix}: error: cannot write a checkpoint in {err.filename}: the disk is full or not writable; "
              "free some space, or point DEPTHLIB_CACHE_DIR at another disk", last=True)

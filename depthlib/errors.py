@@ -8,3 +8,8 @@ status 2; notebooks show the message. Never let bad input surface as a traceback
 
 class InputError(ValueError):
     """Bad input from a user: a missing column, an unknown model, an out-of-range option."""
+
+
+class MachineError(RuntimeError):
+    """The machine cannot do what was asked (no SLURM here, an executor's package missing): one line, exit status 1,
+    raised before anything is computed or deleted."""

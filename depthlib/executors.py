@@ -17,16 +17,17 @@ processes with two spinning OpenMP threads each on two cores run small ops up to
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from depthlib import paths, runtime
-from depthlib.errors import InputError
+from depthlib.errors import InputError, MachineError
 
 EXECUTORS = ("serial", "joblib", "submitit")
 SUBMITIT_CLUSTERS = ("auto", "slurm", "local", "debug")
@@ -54,7 +55,8 @@ class ExecutorConfig:
             raise InputError(f"unknown submitit cluster {self.cluster!r} (have {', '.join(SUBMITIT_CLUSTERS)})")
         for name in ("jobs", "time_min", "array_parallelism"):
             if int(getattr(self, name)) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise InputError(f"{_FLAG.get(name, '--' + name.replace('_', '-'))} must be >= 1, "
+                                 f"got {getattr(self, name)}")
         for name in ("threads", "cpus_per_job"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -62,11 +64,48 @@ class ExecutorConfig:
             raise InputError(f"--gpus-per-job must be >= 0, got {self.gpus_per_job}")
         return self
 
+    def preflight(self) -> "ExecutorConfig":
+        """:class:`MachineError` if this executor cannot start here (its package missing, ``--cluster slurm`` on a
+        machine without SLURM): checked before a command touches any run, so ``--force`` deletes nothing first."""
+        import importlib.util
+        import shutil
+        package = {"joblib": "joblib", "submitit": "submitit"}.get(self.kind)
+        if package and importlib.util.find_spec(package) is None:
+            raise MachineError(f"--executor {self.kind} needs the {package} package: pip install {package}")
+        if self.kind == "submitit" and self.cluster == "slurm" and shutil.which("srun") is None:
+            raise MachineError("--cluster slurm: this machine has no SLURM (srun is not on PATH); run it on a SLURM "
+                               "login node, or use --cluster local or --executor joblib here")
+        return self
+
     def unit_threads(self, n_units: int) -> int:
         if self.threads is not None:
             return int(self.threads)
         concurrent = 1 if self.kind == "serial" else max(1, min(self.jobs, n_units))
         return max(1, (os.cpu_count() or 1) // concurrent)
+
+
+#: the command-line flag of each setting whose name differs from it
+_FLAG = {"time_min": "--time"}
+#: settings that only one executor reads (the others would silently ignore them)
+_ONLY = {"jobs": ("joblib",), "shards": ("joblib", "submitit"), "cluster": ("submitit",),
+         "partition": ("submitit",), "gpus_per_job": ("submitit",), "time_min": ("submitit",),
+         "array_parallelism": ("submitit",)}
+
+
+def from_flags(kind: str = "serial", *, threads: int | None = None, shards: int | None = None,
+               **given) -> ExecutorConfig:
+    """The :class:`ExecutorConfig` of a command's flags (None: not given), checked: a flag that ``kind`` would
+    ignore (``--jobs`` or ``--partition`` with the serial executor, say) is an :class:`InputError`, and the
+    executor must be able to start here (:meth:`ExecutorConfig.preflight`)."""
+    ignored = [k for k, v in {**given, "shards": shards}.items() if v is not None and kind not in _ONLY[k]]
+    if ignored:
+        users = " or ".join(sorted({e for k in ignored for e in _ONLY[k]}))
+        names = ", ".join(_FLAG.get(k, "--" + k.replace("_", "-")) for k in ignored)
+        raise InputError(f"{names} would be ignored by --executor {kind}: "
+                         f"{'they apply' if len(ignored) > 1 else 'it applies'} to --executor {users}")
+    settings = {k: v for k, v in given.items() if v is not None}
+    settings.setdefault("jobs", 2)
+    return ExecutorConfig(kind, threads=threads, **settings).validate().preflight()
 
 
 @dataclass(frozen=True)
@@ -151,13 +190,27 @@ def run_units(units: list[Unit], cfg: ExecutorConfig = ExecutorConfig()) -> list
             from joblib import Parallel, delayed
             done: dict[int, Outcome] = {}
             # idle workers pull the next unit; results arrive as units finish (the bar moves), put back in order
-            for i, outcome in Parallel(n_jobs=min(cfg.jobs, len(units)), backend="loky", batch_size=1,
-                                       return_as="generator_unordered")(
-                    delayed(_indexed)(i, u, threads, env, str(logs)) for i, u in enumerate(units)):
-                done[i] = outcome
-                bar.update()
+            try:
+                for i, outcome in Parallel(n_jobs=min(cfg.jobs, len(units)), backend="loky", batch_size=1,
+                                           return_as="generator_unordered")(
+                        delayed(_indexed)(i, u, threads, env, str(logs)) for i, u in enumerate(units)):
+                    done[i] = outcome
+                    bar.update()
+            except KeyboardInterrupt:
+                _stop_loky()
+                raise
             return [done[i] for i in range(len(units))]
         return _run_submitit(units, cfg, threads, env, logs, bar)
+
+
+def _stop_loky() -> None:
+    """After a Ctrl-C: stop loky's worker processes now, releasing their semaphores (else its resource tracker
+    warns of leaked semaphores after the command's one line)."""
+    try:
+        from joblib.externals.loky import get_reusable_executor
+        get_reusable_executor().shutdown(wait=True, kill_workers=True)
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
 
 
 def _indexed(i: int, unit: Unit, threads: int, env: dict, log_dir: str) -> tuple[int, Outcome]:
@@ -186,7 +239,8 @@ def _run_submitit(units: list[Unit], cfg: ExecutorConfig, threads: int, env: dic
         params["slurm_partition"] = cfg.partition
     executor.update_parameters(**params)
     t0 = time.perf_counter()
-    jobs = executor.submit_array([Requeued(u) for u in units])     # one SLURM array (one job per unit elsewhere)
+    with _controllers_log(logs / "controllers.log"):
+        jobs = executor.submit_array([Requeued(u) for u in units])  # one SLURM array (one job per unit elsewhere)
     out: dict[int, Outcome] = {}
     poll_s = 1.0 if cfg.cluster in ("local", "debug") else 15.0     # SLURM: do not hammer the scheduler
     while len(out) < len(units):
@@ -204,6 +258,36 @@ def _run_submitit(units: list[Unit], cfg: ExecutorConfig, threads: int, env: dic
         if len(out) < len(units):
             time.sleep(poll_s)
     return [out[i] for i in range(len(units))]
+
+
+@contextlib.contextmanager
+def _controllers_log(log: Path) -> Iterator[None]:
+    """Inside the block, submitit's local job controllers (one subprocess per job) write to ``log`` instead of the
+    terminal: a Ctrl-C reaches them too, and each would print its own ``KeyboardInterrupt`` traceback after the
+    command's one line. Their jobs' own output goes to the jobs' logs as before."""
+    try:
+        from submitit.local import local
+    except ImportError:
+        yield
+        return
+    original = local.subprocess
+
+    class _ToLog:
+        def __getattr__(self, name):
+            return getattr(original, name)
+
+        @staticmethod
+        def Popen(*args, **kwargs):  # noqa: N802 - subprocess's name
+            kwargs.setdefault("stdout", handle)
+            kwargs.setdefault("stderr", original.STDOUT)
+            return original.Popen(*args, **kwargs)
+
+    with open(log, "a") as handle:
+        local.subprocess = _ToLog()
+        try:
+            yield
+        finally:
+            local.subprocess = original
 
 
 def _finished(job) -> bool:

@@ -22,6 +22,7 @@ import ast
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import re
@@ -29,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -291,6 +293,19 @@ def atomic_torch_save(path: Path, state: dict) -> None:
 
 # ---- one run ----------------------------------------------------------------------------------------------
 @dataclass
+def _finite_or_null(obj: Any, where: str, undefined: list[str]) -> Any:
+    """``obj`` with every NaN or ±inf float replaced by None (JSON null), its dotted key appended to ``undefined``:
+    a manifest says a number is undefined, never fails to be written (strict JSON has no NaN)."""
+    if isinstance(obj, dict):
+        return {k: _finite_or_null(v, f"{where}.{k}" if where else str(k), undefined) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v, f"{where}[{i}]", undefined) for i, v in enumerate(obj)]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        undefined.append(where)
+        return None
+    return obj
+
+
 class Run:
     """One run of one experiment under one config: a folder of tables and a manifest."""
 
@@ -420,6 +435,11 @@ class Run:
                        for p in sorted(self.path.glob("*.parquet"))},
             **extra,
         }
+        undefined: list[str] = []
+        manifest = _finite_or_null(manifest, "", undefined)
+        if undefined:
+            warnings.warn(f"run {self.path}: {', '.join(undefined)} not finite (NaN or inf): stored as null",
+                          stacklevel=2)
         text = json.dumps(manifest, indent=2, sort_keys=True, default=str, allow_nan=False)
         atomic_write(self.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
         return manifest

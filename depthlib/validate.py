@@ -72,3 +72,36 @@ def accessible(name: str, path) -> None:
     mode = os.R_OK | (os.X_OK if path.is_dir() else 0)
     if not os.access(path, mode):
         raise InputError(f"cannot read {name} {path}: permission denied")
+
+
+def model_files(name: str, model: str) -> None:
+    """InputError, before any model is loaded or any run is touched, if ``model`` cannot be a model: a file rather
+    than a folder, a folder without ``config.json``, a weights file that is truncated or corrupt (its safetensors
+    header does not cover the file), or a name that is neither an offline model, a folder nor a hub id."""
+    from pathlib import Path
+
+    from depthlib.models.loading import OFFLINE_MODELS
+    if model in OFFLINE_MODELS:
+        return
+    path = Path(model).expanduser()
+    if path.is_file():
+        raise InputError(f"{name} {model!r} is a file: give a Hugging Face model folder (with config.json), one of "
+                         f"{', '.join(OFFLINE_MODELS)}, or a hub id like EleutherAI/pythia-410m")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"{name} folder {str(path)!r} has no config.json: it is not a Hugging Face model folder")
+        for weights in sorted(path.glob("*.safetensors")):
+            try:
+                from safetensors import safe_open
+                with safe_open(str(weights), "pt"):
+                    pass
+            except ImportError:
+                return
+            except Exception as err:  # noqa: BLE001 - SafetensorError and OSError alike: the file cannot be read
+                first = (str(err).splitlines() or [type(err).__name__])[0]
+                raise InputError(f"cannot read the weights {weights}: {first} (truncated or corrupt: copy or "
+                                 "save the model again)") from None
+        return
+    if "/" not in model:
+        raise InputError(f"unknown model {model!r}: use one of {', '.join(OFFLINE_MODELS)}, a local Hugging Face "
+                         "folder, or a hub id like EleutherAI/pythia-410m")

@@ -45,7 +45,7 @@ def test_rescaled_deletion_keeps_the_total_middle_step():
 
 @pytest.mark.parametrize("text, message", [("", "empty plan"), ("0-6", "out of range"), ("[1+1]", "twice"),
                                            ("[1-3],[3-4]", "overlap"), ("a-b", "cannot read"), ("swap:5", "swap"),
-                                           ("1*inf", "non-finite"), ("delete:0-5", "empty plan")])
+                                           ("1*inf", "finite number"), ("delete:0-5", "empty plan")])
 def test_bad_plans_are_one_line_input_errors(text, message):
     with pytest.raises(InputError, match=message) as err:
         P.parse_plan(text, 6)
@@ -273,4 +273,4 @@ def test_cli_intervene_json_and_bad_plan(tmp_path, monkeypatch, capsys):
     rc = main(["intervene", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
                "--plan", "0-9", "--json"])
     err = capsys.readouterr().err
-    assert rc == 2 and "block 4 is out of range" in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and "block 9 is out of range" in err and len(err.strip().splitlines()) == 1

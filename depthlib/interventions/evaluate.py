@@ -66,15 +66,27 @@ def score_plans(plans: dict[str, Plan], batches: Sequence[tuple[Sequence[int], C
         batch = capture()
         for text, plan in plans.items():
             s = batch.score(run_plan(plan, batch.block, batch.states))
+            broken = _non_finite(s)
+            if plan.is_identity and broken.any():
+                from depthlib.finite import NonFiniteError
+                docs = [int(doc_indices[j]) for j in broken.nonzero()[:, 0].tolist()]
+                raise NonFiniteError(f"the unedited model's log-probabilities are not finite (NaN or inf) on "
+                                     f"scored document(s) {docs}: check its weights and inputs")
             for j, doc in enumerate(doc_indices):
+                nan = bool(broken[j])          # an edit that overflowed: its scores are undefined (NaN), never 0
                 rows.append({"plan": text, "doc_index": int(doc), "n": int(s["n"][j]),
-                             **{k: float(s[k][j]) for k in SCORES}})
+                             **{k: float("nan") if nan else float(s[k][j]) for k in SCORES}})
             bar.update(1)
         seconds += time.perf_counter() - t0
         if checkpoint is not None:
             _save(checkpoint, {"plans": sorted(plans), "rows": rows, "next_batch": i_batch + 1, "seconds": seconds})
     bar.close()
     return pd.DataFrame(rows, columns=["plan", "doc_index", "n", *SCORES]), seconds
+
+
+def _non_finite(s: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(batch,) bool: documents whose loss or KL is NaN or ±inf (an edited pass that overflowed fp32)."""
+    return ~(torch.isfinite(s["loss"]) & torch.isfinite(s["kl"]))
 
 
 def batched(items: Sequence, size: int) -> Iterable[tuple[int, Sequence]]:

@@ -62,8 +62,7 @@ class LMBatch:
     calls: list[tuple[tuple, dict]]     # (args, kwargs) the model passed to block i
     input_ids: torch.Tensor             # (batch, seq)
     mask: torch.Tensor                  # (batch, seq) bool: real tokens (not padding)
-    ref_p: torch.Tensor | None = None          # (batch, seq-1, vocab) fp32: p_unedited(next token)
-    ref_neg_entropy: torch.Tensor | None = None  # (batch, seq-1): Σ_v p log p of the unedited model
+    ref_logp: list[torch.Tensor] | None = None   # per document (seq-1, vocab) fp32: log p_unedited(next token)
     ref_top: torch.Tensor | None = None        # (batch, seq-1): its top-1 token
 
     @property
@@ -83,29 +82,33 @@ class LMBatch:
         """log p(next token) (batch, seq-1, vocab)."""
         return torch.log_softmax(self.next_token_logits(h), dim=-1)
 
+    def doc_logprobs(self, h: torch.Tensor, d: int) -> torch.Tensor:
+        """log p(next token) of document ``d`` alone (seq-1, vocab): the reference and every plan are computed by
+        this one function on one document, so a plan that reproduces the unedited stream gives the same bits."""
+        return torch.log_softmax(self.next_token_logits(h[d:d + 1])[0], dim=-1)
+
     def set_reference(self) -> None:
         """Record the unedited model's next-token distribution (once per batch; every plan is compared to it)."""
-        lp = self.logprobs(self.states[-1])
-        self.ref_p = lp.exp()
-        self.ref_neg_entropy = (self.ref_p * lp).sum(-1)
-        self.ref_top = lp.argmax(-1)
+        self.ref_logp = [self.doc_logprobs(self.states[-1], d) for d in range(self.states[-1].shape[0])]
+        self.ref_top = torch.stack([lp.argmax(-1) for lp in self.ref_logp])
 
     def score(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-document sums over predicted tokens: cross-entropy (nats), KL(unedited ‖ edited), top-1 agreement.
 
-        With z the edited logits and lse = logsumexp(z): CE = lse − z_target and
-        KL = Σ p log p − Σ p (z − lse) = Σ p log p − (p·z − lse), p the unedited distribution — no (tokens × vocab)
-        log-softmax is materialised.
+        With p, q the unedited and edited distributions, KL = Σ_v p_v (log p_v − log q_v) per token, summed term by
+        term: identical distributions give exactly 0 (the form Σ p log p − Σ p log q cancels two large sums and
+        leaves a round-off floor of either sign). A token's KL is clipped at 0 from below, where round-off of
+        nearly equal distributions would make it negative (KL ≥ 0 exactly).
         """
         valid = (self.mask[:, :-1] & self.mask[:, 1:]).float()              # (batch, seq-1) predicted real tokens
         targets = self.input_ids[:, 1:]
         out = {k: torch.zeros(h.shape[0]) for k in SCORES}
         for d in range(h.shape[0]):                                           # one document at a time: bounded memory
-            z = self.next_token_logits(h[d:d + 1])[0]                        # (seq-1, vocab)
-            lse = torch.logsumexp(z, -1)
-            ce = lse - z.gather(-1, targets[d, :, None])[:, 0]
-            kl = self.ref_neg_entropy[d] - (torch.einsum("tv,tv->t", self.ref_p[d], z) - lse)
-            agree = (z.argmax(-1) == self.ref_top[d]).float()
+            lq = self.doc_logprobs(h, d)                                     # (seq-1, vocab)
+            lp = self.ref_logp[d]
+            ce = -lq.gather(-1, targets[d, :, None])[:, 0]
+            kl = torch.einsum("tv,tv->t", lp.exp(), lp - lq).clamp_min(0.0)
+            agree = (lq.argmax(-1) == self.ref_top[d]).float()
             for name, v in (("loss", ce), ("kl", kl), ("agree", agree)):
                 out[name][d] = (v.double() * valid[d]).sum().float()
         out["n"] = valid.sum(1)

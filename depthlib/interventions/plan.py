@@ -196,20 +196,45 @@ def parallel(n_blocks: int, blocks: Sequence[int], combine: str = "sum") -> Plan
 _ITEM = re.compile(r"^(?P<body>\[[^\]]*\]|<[^>]*>|[^*\[\]<>]+)(?:\*(?P<scale>[-+0-9.eE]+|[-+]?(?:inf|nan)))?$")
 
 
-def _indices(text: str, what: str) -> list[int]:
-    """'3' -> [3]; '2-5' -> [2, 3, 4, 5]; '5-2' -> [5, 4, 3, 2]; '1+4+7' -> [1, 4, 7]."""
+def _block(digits: str, n_blocks: int) -> int:
+    """One block number (ASCII digits), checked against the model before any range is expanded."""
+    if len(digits) > 9 or int(digits) >= n_blocks:
+        raise InputError(f"block {digits} is out of range: the model has blocks 0..{n_blocks - 1}")
+    return int(digits)
+
+
+def _indices(text: str, what: str, n_blocks: int) -> list[int]:
+    """'3' -> [3]; '2-5' -> [2, 3, 4, 5]; '5-2' -> [5, 4, 3, 2]; '1+4+7' -> [1, 4, 7]. Only ASCII digits (``٣`` is
+    not read as 3), and both ends of a range are checked against ``n_blocks`` before it is expanded."""
     out: list[int] = []
     for part in text.split("+"):
         part = part.strip()
-        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
+        m = re.fullmatch(r"([0-9]+)\s*-\s*([0-9]+)", part, flags=re.ASCII)
         if m:
-            a, b = int(m.group(1)), int(m.group(2))
+            a, b = _block(m.group(1), n_blocks), _block(m.group(2), n_blocks)
             out.extend(range(a, b + 1) if a <= b else range(a, b - 1, -1))
-        elif re.fullmatch(r"\d+", part):
-            out.append(int(part))
+        elif re.fullmatch(r"[0-9]+", part, flags=re.ASCII):
+            out.append(_block(part, n_blocks))
         else:
-            raise InputError(f"cannot read {what} {text!r}: use block numbers like 3, 2-5 or 1+4+7")
+            raise InputError(f"cannot read {what} {text!r}: use block numbers (ASCII digits) like 3, 2-5 or 1+4+7")
     return out
+
+
+#: The largest |scale| a plan takes: an fp32 forward turns larger products into ±inf (its loss would be NaN)
+MAX_SCALE = 1e6
+
+
+def _scale(text: str | None, item: str) -> float:
+    if text is None:
+        return 1.0
+    try:
+        scale = float(text)
+    except ValueError:
+        raise InputError(f"cannot read the scale of plan item {item!r}") from None
+    if not abs(scale) <= MAX_SCALE:
+        raise InputError(f"the scale of plan item {item!r} must be a finite number in [-{MAX_SCALE:g}, "
+                         f"{MAX_SCALE:g}] (the edited pass runs in fp32)")
+    return scale
 
 
 def parse_plan(text: str, n_blocks: int) -> Plan:
@@ -221,7 +246,7 @@ def parse_plan(text: str, n_blocks: int) -> Plan:
         return identity(n_blocks)
     name, sep, arg = text.partition(":")
     if sep and name in ("delete", "reverse", "swap", "parallel", "average"):
-        blocks = _indices(arg.replace(",", "+"), f"{name} blocks")
+        blocks = _indices(arg.replace(",", "+"), f"{name} blocks", n_blocks)
         if not blocks:
             raise InputError(f"{name}: needs blocks, e.g. {name}:5")
         for b in blocks:
@@ -243,14 +268,10 @@ def parse_plan(text: str, n_blocks: int) -> Plan:
         m = _ITEM.match(item)
         if not m:
             raise InputError(f"cannot read plan item {item!r}: use 3, 2-5, [6-9], <6-9>, optionally with *1.5")
-        body, scale = m.group("body"), m.group("scale")
-        try:
-            scale = float(scale) if scale is not None else 1.0
-        except ValueError:
-            raise InputError(f"cannot read the scale of plan item {item!r}") from None
+        body, scale = m.group("body"), _scale(m.group("scale"), item)
         if body[0] in "[<":
-            blocks = _indices(body[1:-1], "parallel group")
+            blocks = _indices(body[1:-1], "parallel group", n_blocks)
             steps.append(Step(tuple(blocks), scale, "sum" if body[0] == "[" else "mean"))
         else:
-            steps.extend(Step((b,), scale) for b in _indices(body, "blocks"))
+            steps.extend(Step((b,), scale) for b in _indices(body, "blocks", n_blocks))
     return Plan(tuple(steps), n_blocks)

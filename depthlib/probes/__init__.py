@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from depthlib import results
+from depthlib import finite, results
 from depthlib.errors import InputError
 from depthlib.probes.stream import ProbeConfig, ProbeResult, load_probed_model, probe_documents, summarize
+from depthlib.validate import int_in_range
 
 EXPERIMENT_PREFIX = "probes-"
 TABLES = ("layers", "histograms", "tokens", "docs")
@@ -123,6 +124,7 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
     """
     from depthlib import data
     cfg = (config or ProbeConfig()).validate()
+    int_in_range("n_docs", n_docs, 1)
     start, stop = doc_range if doc_range is not None else (0, n_docs)
     if not 0 <= start < stop <= n_docs:
         raise InputError(f"document range {start}..{stop} is not inside the {n_docs} documents")
@@ -135,10 +137,12 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
     t0 = time.perf_counter()
     docs = data.corpus(corpus, n_docs)[start:stop]
     m, tok = load_probed_model(model, cfg)
+    finite.check_weights(m, model)
     run.path.mkdir(parents=True, exist_ok=True)
     load_s = time.perf_counter() - t0
-    res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model, doc_offset=start,
-                          checkpoint=run.path / "checkpoint.pt")    # saves as it goes; a rerun resumes
+    with finite.guard(m, model, cfg.torch_dtype):   # NaN/inf activations stop the run (a float16 overflow, say)
+        res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model, doc_offset=start,
+                              checkpoint=run.path / "checkpoint.pt")    # saves as it goes; a rerun resumes
     for name in TABLES:
         run.write_table(name, getattr(res, name))
     run.finish(profile=profile, seed=cfg.seed, wall_time_s=load_s + res.info["probe_seconds"], device=cfg.device, code=CODE,

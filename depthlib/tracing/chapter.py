@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Iterator, Sequence
 
 import pandas as pd
 
-from depthlib import results
+from depthlib import finite, results
 from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.models.loading import load_model
@@ -111,15 +112,23 @@ def model_prompts(name: str, config: dict, device: str = "cpu",
     prof = profile_of(config)
     facts = load_facts()
     prompts = _chapter_facts(prof)
-    model, tok = load_model(name, dtype=prof.dtype, device=device)
-    check = check_facts(model, tok, prompts + list(facts)[: prof.n_check])
-    check.insert(0, "model", name)
-    check.insert(1, "kind", ["prompt"] * len(prompts) + ["fact"] * (len(check) - len(prompts)))
-    known = set(check.loc[check["correct"], "id"])
-    tracer = CausalTracer(model, tok, _trace_config(config), facts=facts, name=name)
-    frames = [tr.table() for p in prompts if p.id in known
-              for tr in tracer.trace(p.prompt, p.subject, p.target, kinds=prof.kinds, progress=progress).values()]
+    model, tok = _load_checked(name, prof.dtype, device)
+    with finite.guard(model, name, prof.dtype):
+        check = check_facts(model, tok, prompts + list(facts)[: prof.n_check])
+        check.insert(0, "model", name)
+        check.insert(1, "kind", ["prompt"] * len(prompts) + ["fact"] * (len(check) - len(prompts)))
+        known = set(check.loc[check["correct"], "id"])
+        tracer = CausalTracer(model, tok, _trace_config(config), facts=facts, name=name)
+        frames = [tr.table() for p in prompts if p.id in known
+                  for tr in tracer.trace(p.prompt, p.subject, p.target, kinds=prof.kinds, progress=progress).values()]
     return check, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _load_checked(name: str, dtype, device: str):
+    """The model and tokenizer, after checking its weights are finite (a NaN weight traces NaN logits)."""
+    model, tok = load_model(name, dtype=dtype, device=device)
+    finite.check_weights(model, name)
+    return model, tok
 
 
 def chosen_facts(config: dict, check: pd.DataFrame) -> list[Fact]:
@@ -134,13 +143,14 @@ def model_fact_traces(name: str, config: dict, facts: Sequence[Fact], device: st
     noise (the noise-only baseline that analysis.functional_groups compares the layer-to-layer jitter with). Each
     fact's trace depends on that fact alone (its noise is seeded per trace), so slices of the set concatenate."""
     prof = profile_of(config)
-    model, tok = load_model(name, dtype=prof.dtype, device=device)
+    model, tok = _load_checked(name, prof.dtype, device)
     kinds = prof.fact_kinds or prof.kinds
     out = []
     for offset in (0, BASELINE_SEED_OFFSET):
         tracer = CausalTracer(model, tok, _trace_config(config, samples=prof.fact_samples, seed_offset=offset),
                               facts=load_facts(), name=name)
-        out.append(trace_facts(tracer, facts, kinds=kinds, positions=prof.fact_positions, progress=progress))
+        with finite.guard(model, name, prof.dtype):
+            out.append(trace_facts(tracer, facts, kinds=kinds, positions=prof.fact_positions, progress=progress))
     return out[0], out[1]
 
 
@@ -206,6 +216,18 @@ def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: 
     return {"trace": results.chapter_run(EXPERIMENT, profile, make, expected_config=expected, rerun=rerun)}
 
 
+def facts_traced(models: Sequence[str], facts: pd.DataFrame) -> dict[str, int]:
+    """How many facts of the set each model's fact-set average traced, with a warning for a model that knows none
+    of them at top-1 (it is in the run, but its average is empty)."""
+    counts = {m: int(g["fact_id"].nunique()) for m, g in facts.groupby("model")} if len(facts) else {}
+    out = {m: counts.get(m, 0) for m in models}
+    none = [m for m, n in out.items() if n == 0]
+    if none:
+        warnings.warn(f"{', '.join(none)} knew none of the fact set's facts at top-1: no fact-set trace of "
+                      f"{'it' if len(none) == 1 else 'them'} (facts_traced 0)", stacklevel=2)
+    return out
+
+
 def chapter_tables(run: results.Run) -> dict[str, pd.DataFrame]:
     """``{"check", "prompts", "facts", "baseline"}`` tables of a chapter run, all models concatenated (``baseline``:
     the fact-set traces again under independent noise)."""
@@ -261,4 +283,4 @@ def summary(run: results.Run) -> dict:
     known = ({m: {k: int(g.loc[g["kind"] == k, "correct"].sum()) for k in ("prompt", "fact")}
               for m, g in check.groupby("model")} if len(check) else {})
     return {"run": str(run.path), **describe(run), "known": known,
-            "facts_traced": {m: int(g["fact_id"].nunique()) for m, g in facts.groupby("model")} if len(facts) else {}}
+            "facts_traced": facts_traced(run.config["models"], facts)}
