@@ -101,9 +101,12 @@ def _module_digest(module: str) -> str:
 #: (:func:`compute_modules`) leaves them out, so moving glue never makes a run stale. ``*.chapter`` (a chapter's
 #: profiles, the calls its runs make, replay, describe), ``*.shards`` (units of work whose merge is tested to equal the
 #: one-process run bit for bit) and ``depthlib.plots.*`` (figures drawn from the tables) are glue by their role.
+#: ``depthlib.finite`` checks numbers a run produced (it stops a run, or nulls a value with a warning, where one is
+#: not finite) and never changes a finite one: a validator, as ``depthlib.validate``.
 GLUE_MODULES = frozenset({
     "depthlib", "depthlib.errors", "depthlib.results", "depthlib.executors", "depthlib.paths", "depthlib.validate",
-    "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract", "depthlib.plots",
+    "depthlib.finite", "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract",
+    "depthlib.plots",
 })
 GLUE_SUFFIXES = (".chapter", ".shards")
 
@@ -291,8 +294,6 @@ def atomic_torch_save(path: Path, state: dict) -> None:
     atomic_write(Path(path), lambda tmp: torch.save(state, tmp))
 
 
-# ---- one run ----------------------------------------------------------------------------------------------
-@dataclass
 def _finite_or_null(obj: Any, where: str, undefined: list[str]) -> Any:
     """``obj`` with every NaN or ±inf float replaced by None (JSON null), its dotted key appended to ``undefined``:
     a manifest says a number is undefined, never fails to be written (strict JSON has no NaN)."""
@@ -306,6 +307,8 @@ def _finite_or_null(obj: Any, where: str, undefined: list[str]) -> Any:
     return obj
 
 
+# ---- one run ----------------------------------------------------------------------------------------------
+@dataclass
 class Run:
     """One run of one experiment under one config: a folder of tables and a manifest."""
 
