@@ -268,6 +268,10 @@ def refresh_committed(only: list[str] | None = None) -> list[Path]:
     return done
 
 
+#: the generated verdict the intro includes (``book/intro.md``); written into the stage only, never committed
+VERDICT_PAGE = "verdict.md"
+
+
 def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: bool = False) -> Path:
     """Lay out the book's sources in ``stage`` with every notebook executed on ``profile``.
 
@@ -291,6 +295,9 @@ def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: 
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, dst)
+    # the intro includes the verdict, generated after the chapters ran from the runs they showed
+    from depthlib import verdict
+    (stage / "book" / VERDICT_PAGE).write_text(verdict.book_page(profile, rerun=rerun), encoding="utf-8")
     return stage
 
 

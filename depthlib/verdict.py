@@ -68,6 +68,7 @@ class Claim:
     region_text: str
     section: str                       # a MyST label in the chapter's notebook (see :data:`SECTIONS`)
     digits: int = 2
+    percent: bool = False              # print values as percentages
 
 
 @dataclass
@@ -112,7 +113,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("n_exponent", 1, "Width and depth parts then fall as N^(−1/3)", 1 / 3, "1/3 (Chinchilla's 0.34)",
           (0.25, 0.42), "within 0.085 of 1/3", "ch1-optimum", digits=3),
     Claim("tokens_evenly", 2, "Tokens are updated evenly through the middle (99.6 % / 0.4 %)", 0.996,
-          "99.6 % of tokens", (0.75, 1.0), "≥ 75 % (half-way to an even split)", "ch2-trajectories", digits=4),
+          "99.6 % of tokens", (0.75, 1.0), "≥ 75 % (half-way to an even split)", "ch2-trajectories", digits=1,
+          percent=True),
     Claim("middle_angle", 2, "Middle blocks turn the state by similar small angles, ≈ 0.45 rad", 0.45,
           "0.45 rad (Pythia-410m)", (0.225, 0.9), "within a factor 2 of 0.45 rad", "ch2-angles"),
     Claim("angle_depth", 6, "The middle angle falls as 1/ℓ across depths (α_θ ≈ 1)", 1.0, "α_θ ≈ 1 (Pythia)",
@@ -410,11 +412,12 @@ def _fmt(x: float, digits: int) -> str:
     return "∞" if math.isinf(x) else f"{x:.{digits}f}"
 
 
-def _number(m: Measurement, digits: int) -> str:
-    text = _fmt(m.value, digits)
+def _number(m: Measurement, digits: int, percent: bool = False) -> str:
+    k, unit = (100.0, " %") if percent else (1.0, "")
+    text = _fmt(k * m.value, digits)
     if m.lo is not None and m.hi is not None and math.isfinite(m.lo) and math.isfinite(m.hi):
-        text += f" [{_fmt(m.lo, digits)}, {_fmt(m.hi, digits)}]"
-    return text
+        text += f" [{_fmt(k * m.lo, digits)}, {_fmt(k * m.hi, digits)}]"
+    return text + unit
 
 
 def table(rows: Sequence[Row]) -> pd.DataFrame:
@@ -425,7 +428,7 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
         ms = r.measurements
         out.append({
             "chapter": c.chapter, "claim": c.claim, "paper": c.paper_text,
-            "this book (95 % interval)": "; ".join(f"{m.model}: {_number(m, c.digits)}" for m in ms) or "—",
+            "this book (95 % interval)": "; ".join(f"{m.model}: {_number(m, c.digits, c.percent)}" for m in ms) or "—",
             "profile": ", ".join(sorted({m.profile or "?" for m in ms})) or "—",
             "status": r.status, "holds if": c.region_text})
     return pd.DataFrame(out)
@@ -438,7 +441,7 @@ def markdown(rows: Sequence[Row], link: Callable[[Claim], str] | None = None) ->
              "|---|---|---|---|---|---|"]
     for r in rows:
         c = r.claim
-        numbers = "<br>".join(f"{_number(m, c.digits)} · {m.model}" for m in r.measurements) or "—"
+        numbers = "<br>".join(f"{_number(m, c.digits, c.percent)} · {m.model}" for m in r.measurements) or "—"
         note = f" <br><small>{r.note}</small>" if r.note else ""
         profile = ", ".join(sorted({m.profile or "?" for m in r.measurements})) or "—"
         lines.append(f"| {c.claim}{note} | {c.paper_text} | {numbers} | {profile} | **{r.status}** | {link(c)} |")
@@ -461,11 +464,65 @@ def chapter_markdown(chapter: int, profile: str = "cpu", *, rerun: bool = False)
     return markdown(rows, link=lambda c: f"[§](#{c.section})") + "\n" + RULE_TEXT + "\n"
 
 
+CORPORA = {"sotu": "State of the Union addresses", "fineweb": "FineWeb"}
+
+
+def reductions(profile: str = "cpu") -> list[str]:
+    """One line per chapter: how the ``profile``'s runs are reduced against the paper's (steps, tokens, models,
+    replicates), read from the chapters' ``PROFILES`` tables."""
+    from depthlib.interventions import chapter as c5
+    from depthlib.lm import chapter as c6
+    from depthlib.probes import chapter as c2
+    from depthlib.scaling import chapter as c1
+    from depthlib.toy import chapter as c3
+    from depthlib.tracing import chapter as c4
+    results.check_profile(profile)
+    p1, p2, p3, p4, p5, p6 = (c.PROFILES[profile] for c in (c1, c2, c3, c4, c5, c6))
+    cal, cal_paper = c3.CALIBRATION[profile][0], c3.CALIBRATION["paper"][0]
+    q2 = c2.PROFILES["paper"]
+    return [
+        f"**1.** Not reduced: the paper's data (245 Chinchilla runs) and objective; {p1.n_bootstrap:,} converged "
+        "bootstrap resamples (the paper's bootstrap ran 10,000 Adam steps).",
+        f"**2.** {', '.join(p2.models)} (offline 4-bit weights) on {p2.n_docs} documents × ≤ {p2.config.max_length} "
+        f"tokens of {CORPORA.get(p2.corpus, p2.corpus)}; the paper: {len(q2.models)} Pythia models on "
+        f"{q2.n_docs:,} × {q2.config.max_length} tokens of FineWeb. Two unrelated models are not a depth series.",
+        f"**3.** Calibration: {cal.steps:,} steps (paper {cal_paper.steps:,}), depths {list(cal.depths)} (paper "
+        f"{list(cal_paper.depths)}), {cal.replicates} replicate(s) (paper {cal_paper.replicates}), T = 1 only; the "
+        f"phase diagram {p3.steps:,} steps × batch {p3.batch}, {p3.replicates} replicate(s).",
+        f"**4.** {', '.join(p4.models)}, {p4.n_facts} facts × {p4.samples} noise samples; the paper: Pythia-12b, "
+        "one prompt, one noise draw.",
+        f"**5.** {', '.join(p5.models)} and toy students, {p5.n_docs} documents × {p5.config.max_length} tokens "
+        "(not in the paper).",
+        f"**6.** Width {p6.model.d_model}, depths {list(p6.depths)}, {p6.train.steps:,} steps × "
+        f"{p6.train.batch_size} × {p6.model.context} tokens per model, {len(p6.seeds)} seed(s) (not in the paper).",
+    ]
+
+
+#: the box every page built from ``smoke`` runs carries
+PLACEHOLDER_BOX = ("```{warning}\n**Placeholder numbers.** This page was built from `smoke` runs, which only prove that "
+                   "the code runs end to end: their numbers mean nothing. Build with `make book` (profile `cpu`) for "
+                   "the book's results.\n```")
+
+
+def book_page(profile: str = "cpu", *, rerun: bool = False) -> str:
+    """The verdict as the book's intro includes it: the table, how a status is decided, and how reduced the runs
+    are. Regenerated at every build, so a recomputed run changes it."""
+    rows = verdict(profile, rerun=rerun)
+    counts = pd.Series([r.status for r in rows]).value_counts()
+    tally = ", ".join(f"{counts[s]} {s}" for s in STATUSES if s in counts)
+    lines = [PLACEHOLDER_BOX, ""] if profile == "smoke" else []
+    lines += ["```{container} verdict", markdown(rows), "```", "", f"*{len(rows)} claims: {tally}.* {RULE_TEXT}", "",
+             f"**How reduced these runs are** (profile `{profile}`; every number above can change at the paper's "
+             "scale):", ""]
+    lines += [f"- {line}" for line in reductions(profile)]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m depthlib.verdict [--profile cpu] [--markdown]`` prints the verdict of the runs found."""
     parser = argparse.ArgumentParser(prog="python -m depthlib.verdict", description=main.__doc__)
     parser.add_argument("--profile", default="cpu")
-    parser.add_argument("--markdown", action="store_true", help="print the book's markdown table")
+    parser.add_argument("--markdown", action="store_true", help="print the book's markdown (the intro's verdict)")
     args = parser.parse_args(argv)
     try:
         rows = verdict(args.profile)
@@ -473,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.markdown:
-        print(markdown(rows))
+        print(book_page(args.profile))
     else:
         with pd.option_context("display.max_colwidth", 90, "display.width", 250):
             print(table(rows).drop(columns="holds if").to_string(index=False))
