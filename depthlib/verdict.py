@@ -401,10 +401,24 @@ def verdict(profile: str = "cpu", *, rerun: bool = False, chapters: Sequence[int
     results.check_profile(profile)
     wanted = set(ADAPTERS) if chapters is None else set(chapters)
     found: dict[str, list[Measurement]] = {}
+    failed: dict[int, str] = {}
     for number, adapter in ADAPTERS.items():
         if number in wanted:
-            found.update(adapter(profile, rerun))
-    return [Row(c, found.get(c.key, []), NOTES.get(c.key, "")) for c in CLAIMS if c.chapter in wanted]
+            try:
+                found.update(adapter(profile, rerun))
+            except Exception as err:  # noqa: BLE001 - one unreadable chapter must not hide the others' rows
+                failed[number] = f"{type(err).__name__}: {err}"
+                print(f"[depthlib verdict] chapter {number}: {failed[number]}", file=sys.stderr)
+    rows = []
+    for c in CLAIMS:
+        if c.chapter not in wanted:
+            continue
+        ms = [m for m in found.get(c.key, []) if m.value is not None and math.isfinite(m.value)]
+        note = NOTES.get(c.key, "")
+        if c.chapter in failed:
+            note = f"its run could not be read ({failed[c.chapter]})"
+        rows.append(Row(c, ms, note))
+    return rows
 
 
 # ---- how the book prints it ------------------------------------------------------------------------------
@@ -456,12 +470,22 @@ RULE_TEXT = ("**How a status is decided.** Each claim holds *qualitatively* in a
              "A row over several models shows the weakest status.")
 
 
-def chapter_markdown(chapter: int, profile: str = "cpu", *, rerun: bool = False) -> str:
-    """The compact verdict table of one chapter, for its closing section."""
+def chapter_table(chapter: int, profile: str = "cpu", *, rerun: bool = False) -> pd.DataFrame:
+    """The compact verdict table of one chapter, for its conclusion: one row per claim, indexed by the claim."""
     rows = verdict(profile, rerun=rerun, chapters=[chapter])
-    if not rows:
-        return ""
-    return markdown(rows, link=lambda c: f"[§](#{c.section})") + "\n" + RULE_TEXT + "\n"
+    cols = ["claim", "paper", "this book (95 % interval)", "profile", "status"]
+    return table(rows)[cols].set_index("claim")
+
+
+def chapter_summary(chapter: int, profile: str = "cpu", *, rerun: bool = False) -> str:
+    """One markdown bullet per claim of a chapter: the book's number and the status (a chapter's opening answer)."""
+    lines = []
+    for r in verdict(profile, rerun=rerun, chapters=[chapter]):
+        c = r.claim
+        numbers = "; ".join(f"{m.model}: {_number(m, c.digits, c.percent)}" for m in r.measurements) or "no run"
+        lines.append(f"- {c.claim} (paper: {c.paper_text}) — {numbers} → **{r.status}**"
+                     + (f" ({r.measurements[0].note})" if r.measurements and r.measurements[0].note else ""))
+    return "\n".join(lines)
 
 
 CORPORA = {"sotu": "State of the Union addresses", "fineweb": "FineWeb"}

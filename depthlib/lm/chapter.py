@@ -141,3 +141,16 @@ def chinchilla_alpha() -> dict | None:
         return None
     se = fitted.get("se", {}).get("alpha_l", np.nan)
     return {"alpha_l": float(fitted["alpha_l"]), "se": float(se) if se is not None else np.nan}
+
+
+def leave_one_depth_out(run: results.Run) -> pd.DataFrame:
+    """The depth law refitted without each depth in turn (one row per left-out depth: alpha, L_inf, c): how much
+    the exponent rests on any single model of the series."""
+    from depthlib.lm import analysis, fit
+    final = analysis.final_losses(run)
+    rows = []
+    for depth in final["depth"]:
+        kept = final[final["depth"] != depth]
+        f = fit.fit_depth_law(kept["depth"], kept["val_loss"])
+        rows.append({"left out": int(depth), "α_ℓ": f["alpha"], "L∞ (nats/token)": f["L_inf"], "c_ℓ": f["c"]})
+    return pd.DataFrame(rows)

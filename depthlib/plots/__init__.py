@@ -53,8 +53,14 @@ def _template() -> go.layout.Template:
     return t
 
 
-def setup_plotly() -> None:
-    """Register the depthlib template and the book renderer (idempotent)."""
+#: the chapter whose figures :func:`show` numbers ("Fig. k.n"), and how many it has shown
+_NUMBERING = {"chapter": None, "n": 0}
+
+
+def setup_plotly(chapter: int | None = None) -> None:
+    """Register the depthlib template and the book renderer (idempotent). With ``chapter``, :func:`show` numbers
+    the figures it shows from then on "Fig. chapter.1", "Fig. chapter.2", ... (one numbering per notebook)."""
+    _NUMBERING.update(chapter=chapter, n=0)
     pio.templates["depthlib"] = _template()
     pio.templates.default = "plotly_white+depthlib"
     pio.renderers["book"] = BookHtmlRenderer()
@@ -119,6 +125,9 @@ def show(fig: go.Figure, caption: str) -> None:
     from IPython.display import Markdown, display
     decade_ticks(fig)
     fig.show()
+    if _NUMBERING["chapter"] is not None:
+        _NUMBERING["n"] += 1
+        caption = f"<b>Fig. {_NUMBERING['chapter']}.{_NUMBERING['n']}</b> — {caption}"
     display(Markdown(f"<p class='depthlib-caption'>{caption}</p>"))
 
 
