@@ -21,9 +21,9 @@ help:
 	@echo "make book      create .venv, install, vendor JS assets, execute the notebooks (PROFILE=$(PROFILE)), build _build/html"
 	@echo "               RERUN=1 recomputes every chapter instead of showing the committed runs"
 	@echo "make publish   put _build/html on the gh-pages branch (ghp-import); PUSH=1 also pushes it to origin"
-	@echo "make test      unit tests, notebooks vs their committed smoke outputs (nbval), browser check of the built book"
+	@echo "make test      unit tests, notebooks vs their committed outputs (nbval, cpu runs), browser check of the built book"
 	@echo "make lab       JupyterLab on the notebooks"
-	@echo "make notebooks re-execute the committed notebooks on the smoke profile (refreshes what nbval compares)"
+	@echo "make notebooks re-execute the committed notebooks on their default (cpu) profile from the committed runs (what nbval compares)"
 	@echo "make bench     run the benchmarks (numbers, not pass/fail)"
 
 $(BIN)/depthlib: pyproject.toml
@@ -56,8 +56,9 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow and not browser" tests
 
+# root (as on CI machines and containers) needs --allow-root, or JupyterLab exits at once
 lab: install
-	$(BIN)/jupyter lab notebooks
+	$(BIN)/jupyter lab notebooks$(if $(filter 0,$(shell id -u)), --allow-root)
 
 bench: install
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done

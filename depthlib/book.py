@@ -1,8 +1,9 @@
 """Build the executable book: vendor the JS assets, execute the notebooks with papermill, run Jupyter Book.
 
-The committed notebooks hold the outputs of a seeded ``smoke`` run (what ``pytest --nbval notebooks``
-compares against). Building never rewrites them: executed copies go to the git-ignored staging folder
-``<out>/stage`` (Jupyter Book's own build files land there too) and the HTML to ``<out>/html``
+The committed notebooks hold the outputs of their default profile, ``cpu``, drawn from the committed runs under
+``data/results`` (what ``pytest --nbval notebooks`` compares against; deterministic, since nothing is recomputed).
+Building never rewrites them: executed copies go to the git-ignored staging folder ``<out>/stage`` (Jupyter
+Book's own build files land there too) and the HTML to ``<out>/html``
 (``_build/html`` by default). The book is self-contained and works from ``file://`` with no network:
 plotly.js comes from the plotly wheel, the ipywidgets embed bundle and MathJax 3 from the npm registry.
 ``publish`` puts the HTML on a ``gh-pages`` branch with ghp-import (Jupyter Book's documented route).
@@ -245,9 +246,10 @@ def prepare_models(notebooks: list[Path]) -> list[str]:
 
 
 def refresh_committed(only: list[str] | None = None) -> list[Path]:
-    """Re-execute the committed notebooks in place with their own (smoke) parameters.
+    """Re-execute the committed notebooks in place with their own parameters (``PROFILE = "cpu"``: the committed runs).
 
-    This is how the seeded smoke outputs that ``pytest --nbval notebooks`` compares against are made. The outputs
+    This is how the outputs that ``pytest --nbval notebooks`` compares against are made; a missing or stale committed
+    run would be recomputed here, so refresh only when ``tests/test_committed_runs.py`` passes. The outputs
     of ``nbval-ignore-output`` cells (figures, provenance) are then dropped: nbval never compares them, and the
     book is built from freshly executed copies.
     """
@@ -266,6 +268,10 @@ def refresh_committed(only: list[str] | None = None) -> list[Path]:
               file=sys.stderr)
         done.append(path)
     return done
+
+
+#: the generated verdict the intro includes (``book/intro.md``); written into the stage only, never committed
+VERDICT_PAGE = "verdict.md"
 
 
 def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: bool = False) -> Path:
@@ -291,6 +297,9 @@ def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: 
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, dst)
+    # the intro includes the verdict, generated after the chapters ran from the runs they showed
+    from depthlib import verdict
+    (stage / "book" / VERDICT_PAGE).write_text(verdict.book_page(profile, rerun=rerun), encoding="utf-8")
     return stage
 
 
@@ -352,7 +361,7 @@ def publish(html: str | Path = "_build/html", *, repo: str | Path | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m depthlib.book refresh [NOTEBOOK ...]`` re-executes the committed smoke notebooks;
+    """``python -m depthlib.book refresh [NOTEBOOK ...]`` re-executes the committed notebooks (cpu, committed runs);
     ``assets`` re-vendors the JS; ``publish [--push] [--html DIR]`` writes (and pushes) the gh-pages branch."""
     argv = sys.argv[1:] if argv is None else argv
     usage = "usage: python -m depthlib.book refresh [NOTEBOOK ...] | assets | publish [--push] [--html DIR]"

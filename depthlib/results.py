@@ -799,7 +799,9 @@ def commit_run(run: Run, dest: Path | None = None, omit: Sequence[str] = ()) -> 
 def provenance(run: Run) -> str:
     """One line for a chapter's text: profile, device, commit, fingerprint, date, wall time, where it came from."""
     m = run.manifest
-    commit = (m.get("git_sha") or "unknown") + (" (+ uncommitted changes)" if m.get("git_dirty") else "")
+    # a dirty tree at compute time: the commit alone does not name the code, the code fingerprint does
+    commit = (m.get("git_sha") or "unknown") + (" with local edits (the code fingerprint identifies the computing "
+                                                 "code)" if m.get("git_dirty") else "")
     where = "committed run" if run.committed else "computed on this machine"
     return (f"profile `{m.get('profile')}` · {m.get('device')} · commit {commit} · code {m.get('code_fingerprint')}"
             f" · {m.get('created')} · wall time {m.get('wall_time_s', 0):.0f} s · {where} ({run.experiment}/{run.key})")

@@ -1,9 +1,10 @@
-"""The built book as a reader meets it: every chapter page opened in headless Chromium, from file://.
+"""The built book as a reader meets it: every page of ``_toc.yml`` opened in headless Chromium, from file://.
 
-Builds the book on the smoke profile (HTML in ``_build/browser-test/html``), then fails if a chapter's plotly
-figures are not drawn, if any request fails (the book must work with no network), if a page logs an unexpected
-console error, or if anything in a chapter's main column is wider than its box at a 1280 x 900 window (clipped, or
-sticking out over the margin). Full-page screenshots go to ``_build/browser/`` for a human look.
+Builds the book on the smoke profile (HTML in ``_build/browser-test/html``), then fails if any page logs a console
+error or a request fails (the book must work with no network), if a plotly figure draws no mark (an empty axis), if a
+chapter's figures are missing, if anything in a chapter's main column is wider than its box at a 1280 x 900 window
+(clipped, or sticking out over the margin), if the intro does not name every chapter of ``_toc.yml``, or if its
+verdict table lacks a row with a status for a claim. Full-page screenshots go to ``_build/browser/`` for a human look.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-#: Console errors that are known and harmless: sphinx-thebe 0.3.1 emits its config script twice under Sphinx 7.4.
-HARMLESS_CONSOLE = ("THEBE_JS_URL",)
+#: Console errors that are known and harmless (none: sphinx-thebe's doubled config script is removed by
+#: book/_ext/book_chrome.py).
+HARMLESS_CONSOLE: tuple[str, ...] = ()
 #: The reader's window (a laptop screen).
 VIEWPORT = {"width": 1280, "height": 900}
 #: Elements that may scroll sideways on purpose: only what a page marks so (book/depthlib.css gives the class
@@ -109,6 +111,32 @@ def _screenshot(page, shot: Path) -> None:
 CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
+def _toc_files() -> list[str]:
+    """Every page of the book as ``_toc.yml`` lists it (root first), e.g. 'book/intro', 'notebooks/01_chinchilla_fit'."""
+    import yaml
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [c["file"] for c in part.get("chapters", [])]
+    return files
+
+
+#: For every plotly figure on a page: how many marks it draws (points, line and fill paths with real coordinates,
+#: bars, heat-map images, text). A figure with traces but no mark is an empty axis (e.g. category strings on a
+#: linear axis).
+MARKS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
+  const marks = [...gd.querySelectorAll('.cartesianlayer .plot *, .polarlayer *, .ternarylayer *')].filter(el => {
+    const tag = el.tagName.toLowerCase();
+    if (tag === 'path') { const d = el.getAttribute('d') || ''; return d.length > 2 && !d.includes('NaN'); }
+    if (tag === 'image' || tag === 'text' || tag === 'rect') {
+      const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0;
+    }
+    return false;
+  });
+  return marks.length;
+})"""
+
+
 def test_intro_page(built_book, browser):
     html, _ = built_book
     page, failed, errors = _open(browser, (html / "index.html").as_uri(), ROOT / "_build" / "browser" / "index.png")
@@ -116,6 +144,50 @@ def test_intro_page(built_book, browser):
     assert not errors, f"console errors: {errors}"
     # MathJax is vendored and typesets the law
     assert page.locator("mjx-container").count() > 0, "MathJax did not typeset the intro"
+    page.close()
+
+
+def test_intro_names_every_chapter_of_the_toc(built_book, browser):
+    html, _ = built_book
+    page, _, _ = _open(browser, (html / "index.html").as_uri(), None)
+    links = page.evaluate("() => [...document.querySelectorAll('article.bd-article a')].map(a => a.href)")
+    chapters = [f for f in _toc_files() if f.startswith("notebooks/")]
+    assert chapters, "_toc.yml lists no chapter"
+    missing = [f for f in chapters if not any(link.split("#")[0].endswith(f + ".html") for link in links)]
+    assert not missing, f"the intro does not link to {missing}"
+    page.close()
+
+
+def test_intro_verdict_has_a_row_per_claim_with_a_status(built_book, browser):
+    from depthlib import verdict
+    html, _ = built_book
+    page, _, _ = _open(browser, (html / "index.html").as_uri(), None)
+    rows = page.evaluate("""() => [...document.querySelectorAll('div.verdict table tbody tr')]
+        .map(tr => [...tr.querySelectorAll('td')].map(td => td.innerText.trim()))""")
+    assert len(rows) == len(verdict.CLAIMS), f"{len(rows)} verdict rows for {len(verdict.CLAIMS)} claims"
+    for claim, row in zip(verdict.CLAIMS, rows):
+        assert row[0].startswith(claim.claim), (claim.claim, row[0])
+        assert row[4] in verdict.STATUSES, f"row {claim.key} has status {row[4]!r}"
+    # the first screen shows the verdict, and a smoke build says its numbers are placeholders
+    top = page.evaluate("() => document.querySelector('div.verdict').getBoundingClientRect().top")
+    assert top < 2 * VIEWPORT["height"], f"the verdict starts {top:.0f} px down the intro"
+    assert page.get_by_text("Placeholder numbers").count() > 0, "a smoke build must say its numbers are placeholders"
+    page.close()
+
+
+@pytest.mark.parametrize("file", _toc_files())
+def test_every_page_has_no_console_error_and_every_figure_draws_a_mark(built_book, browser, file):
+    html, _ = built_book
+    url = (html / "index.html").as_uri() if file == _toc_files()[0] else (html / f"{file}.html").as_uri()
+    page, failed, errors = _open(browser, url, None)
+    assert not failed, f"{file}: requests failed: {failed}"
+    assert not errors, f"{file}: console errors: {errors}"
+    marks = page.evaluate(MARKS_JS)
+    empty = [i for i, n in enumerate(marks) if n == 0]
+    assert not empty, f"{file}: plotly figure(s) {empty} draw no mark"
+    # page titles carry no raw LaTeX (the sidebar and the search index show them as text)
+    titles = page.evaluate("() => [...document.querySelectorAll('nav.bd-links a, h1')].map(a => a.innerText)")
+    assert not [t for t in titles if "\\(" in t or "$" in t], f"{file}: raw LaTeX in titles {titles}"
     page.close()
 
 

@@ -179,3 +179,16 @@ def summary(run: results.Run) -> dict:
             "theta_dh_mean": s.get("theta_dh_mean"), "n_params": s.get("n_params"),
             "n_non_embedding": s.get("n_non_embedding"), "throughput": m.get("throughput", {}),
             "wall_time_s": m.get("wall_time_s")}
+
+
+def leave_one_depth_out(run: results.Run) -> pd.DataFrame:
+    """The depth law refitted without each depth in turn (one row per left-out depth: alpha, L_inf, c): how much
+    the exponent rests on any single model of the series."""
+    from depthlib.lm import analysis, fit
+    final = analysis.final_losses(run)
+    rows = []
+    for depth in final["depth"]:
+        kept = final[final["depth"] != depth]
+        f = fit.fit_depth_law(kept["depth"], kept["val_loss"])
+        rows.append({"left out": int(depth), "α_ℓ": f["alpha"], "L∞ (nats/token)": f["L_inf"], "c_ℓ": f["c"]})
+    return pd.DataFrame(rows)

@@ -53,8 +53,14 @@ def _template() -> go.layout.Template:
     return t
 
 
-def setup_plotly() -> None:
-    """Register the depthlib template and the book renderer (idempotent)."""
+#: the chapter whose figures :func:`show` numbers ("Fig. k.n"), and how many it has shown
+_NUMBERING = {"chapter": None, "n": 0}
+
+
+def setup_plotly(chapter: int | None = None) -> None:
+    """Register the depthlib template and the book renderer (idempotent). With ``chapter``, :func:`show` numbers
+    the figures it shows from then on "Fig. chapter.1", "Fig. chapter.2", ... (one numbering per notebook)."""
+    _NUMBERING.update(chapter=chapter, n=0)
     pio.templates["depthlib"] = _template()
     pio.templates.default = "plotly_white+depthlib"
     pio.renderers["book"] = BookHtmlRenderer()
@@ -71,11 +77,65 @@ def new_figure(title: str, x_title: str, y_title: str, *, log_x: bool = False, l
     return fig
 
 
+def _axis_values(fig: go.Figure, axis: str) -> np.ndarray:
+    """The finite positive data values drawn on layout axis ``axis`` ('xaxis', 'yaxis2', ...)."""
+    letter, suffix = axis[0], axis[5:]
+    values = []
+    for trace in fig.data:
+        if (getattr(trace, f"{letter}axis", None) or letter) != letter + suffix:
+            continue
+        data = getattr(trace, letter, None)
+        if data is None:
+            continue
+        try:
+            arr = np.asarray(data, dtype=float).ravel()
+        except (TypeError, ValueError):
+            continue
+        values.append(arr[np.isfinite(arr) & (arr > 0)])
+    return np.concatenate(values) if values else np.array([])
+
+
+def decade_ticks(fig: go.Figure) -> go.Figure:
+    """Label log axes at powers of ten only (plotly labels the minor ticks of a short log axis with bare digits,
+    "3, 2, 0.1, 9, 8 …"); minor ticks stay, unlabelled. An axis whose data lie within one decade gets the 1-2-5
+    values inside it instead. Axes with their own tick values are left alone."""
+    layout = fig.layout.to_plotly_json()
+    for axis, spec in layout.items():
+        if not (axis.startswith("xaxis") or axis.startswith("yaxis")) or spec.get("type") != "log":
+            continue
+        if spec.get("tickmode") == "array" or spec.get("tickvals") is not None or spec.get("dtick") is not None:
+            continue
+        values = _axis_values(fig, axis)
+        if len(values) == 0:
+            continue
+        lo, hi = np.floor(np.log10(values.min())), np.floor(np.log10(values.max()))
+        if hi > lo:
+            fig.update_layout({axis: dict(dtick=1, minor=dict(ticks="outside", ticklen=3, dtick="D1"))})
+        else:
+            nice = [m * 10 ** lo for m in (1, 2, 5, 10)]
+            vals = [v for v in nice if values.min() / 1.5 <= v <= values.max() * 1.5] or [values.min(), values.max()]
+            fig.update_layout({axis: dict(tickmode="array", tickvals=vals, ticktext=[f"{v:g}" for v in vals])})
+    return fig
+
+
 def show(fig: go.Figure, caption: str) -> None:
-    """Display a figure with a caption underneath (rendered as Markdown in JupyterLab and in the book)."""
+    """Display a figure with a caption underneath (rendered as Markdown in JupyterLab and in the book).
+
+    Log axes are labelled at decades only (:func:`decade_ticks`)."""
     from IPython.display import Markdown, display
+    decade_ticks(fig)
     fig.show()
+    if _NUMBERING["chapter"] is not None:
+        _NUMBERING["n"] += 1
+        caption = f"<b>Fig. {_NUMBERING['chapter']}.{_NUMBERING['n']}</b> — {caption}"
     display(Markdown(f"<p class='depthlib-caption'>{caption}</p>"))
+
+
+#: the box every page showing a ``smoke`` run carries
+PLACEHOLDER_HTML = ("<div class='admonition warning depthlib-placeholder'><p class='admonition-title'>Placeholder "
+                    "numbers</p><p>This page shows <code>smoke</code> runs: they only prove that the code runs end to "
+                    "end, and their numbers mean nothing. Set <code>PROFILE = \"cpu\"</code> (or build with "
+                    "<code>make book</code>) for the book's results.</p></div>")
 
 
 def run_note(runs) -> None:
@@ -86,6 +146,8 @@ def run_note(runs) -> None:
 
     from depthlib import results
     runs = list(runs.values()) if isinstance(runs, dict) else (runs if isinstance(runs, (list, tuple)) else [runs])
+    if any(r.profile == "smoke" for r in runs):
+        display(HTML(PLACEHOLDER_HTML))
     lines = "".join(f"<li><code>{html.escape(results.provenance(r))}</code></li>" for r in runs)
     display(HTML(f"<div class='depthlib-provenance'><p>Numbers on this page come from:</p><ul>{lines}</ul></div>"))
     for r in runs:

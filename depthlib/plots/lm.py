@@ -60,6 +60,8 @@ def alpha_comparison(rows: pd.DataFrame) -> go.Figure:
                                  error_x=dict(type="data", symmetric=False, array=[r.hi - r.value],
                                               arrayminus=[r.value - r.lo], color=plots.color(i)),
                                  name=r.label, showlegend=False))
+    # the labels are categories: on plotly's default (linear) axis the markers would not be drawn at all
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=list(rows["label"])[::-1])
     fig.update_layout(margin=dict(l=260))
     return fig
 

@@ -219,3 +219,32 @@ def replay(run: results.Run, n_batches: int = 1) -> pd.DataFrame:
                          "metric": np.tile(cols, len(merged)),
                          "committed": merged[[f"{c}_committed" for c in cols]].to_numpy().ravel(),
                          "replayed": merged[[f"{c}_replayed" for c in cols]].to_numpy().ravel()})
+
+
+def angle_summary(layers: pd.DataFrame) -> dict:
+    """What the chapter says about one model's angles (its ``layers`` table): the middle-block mean rotation, the
+    largest middle-block rotation (``spike_block``, 1-based, and ``spike_angle``), the mean update angle over the
+    middle pairs and the lowest one (``update_min_pair``: the 1-based block whose update is compared with the next)."""
+    from depthlib.measures import middle_blocks, middle_update_pairs
+    theta = layers[layers["metric"] == "theta"].sort_values("layer")["mean"].to_numpy(float)
+    dh = layers[layers["metric"] == "theta_dh"].sort_values("layer")["mean"].to_numpy(float)
+    if len(theta) == 0:
+        raise InputError("the layers table has no 'theta' rows")
+    mid = middle_blocks(len(theta))
+    middle = theta[mid]
+    k = int(np.argmax(middle))
+    pairs = dh[middle_update_pairs(len(theta))] if len(dh) else np.array([np.nan])
+    j = int(np.nanargmin(pairs)) if np.isfinite(pairs).any() else 0
+    return {"middle_mean": float(middle.mean()), "spike_block": (mid.start or 0) + k + 1,
+            "spike_angle": float(middle[k]), "update_mean": float(np.nanmean(pairs)),
+            "update_min": float(pairs[j]), "update_min_pair": (middle_update_pairs(len(theta)).start or 0) + j + 1}
+
+
+def ideal_distances(theta: np.ndarray, analysis) -> dict:
+    """Median distance of a token's angle trajectory (rad, Euclidean over the blocks) to the 'evenly' ideal and to
+    its own cluster's mean trajectory (:func:`depthlib.probes.trajectory.analyze_trajectories`): the two-cluster split
+    only says which ideal a token is nearer to, not how near."""
+    theta = np.asarray(theta, dtype=float)
+    to_ideal = np.linalg.norm(theta - analysis.ideals["evenly"], axis=1)
+    own = np.stack([analysis.cluster_means[label] for label in analysis.label])
+    return {"to_evenly": float(np.median(to_ideal)), "to_own_mean": float(np.median(np.linalg.norm(theta - own, axis=1)))}

@@ -1,0 +1,60 @@
+"""The shared plot style: log axes labelled at decades, the placeholder box of smoke runs, the forest plot's
+category axis."""
+import pandas as pd
+import plotly.graph_objects as go
+
+from depthlib import plots
+
+
+def _log_figure(x, y):
+    fig = plots.new_figure("t", "x (unit)", "y (unit)", log_x=True, log_y=True)
+    fig.add_trace(go.Scatter(x=x, y=y))
+    return fig
+
+
+def test_log_axes_spanning_decades_label_decades_only():
+    fig = plots.decade_ticks(_log_figure([0.05, 3.0, 40.0], [0.2, 0.9, 3.0]))
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.xaxis.minor.dtick == "D1"
+    assert fig.layout.yaxis.dtick == 1
+
+
+def test_log_axis_within_one_decade_gets_one_two_five_values():
+    fig = plots.decade_ticks(_log_figure([1.2, 4.0, 9.0], [12.0, 30.0, 47.0]))
+    assert list(fig.layout.xaxis.tickvals) == [1.0, 2.0, 5.0, 10.0]
+    assert list(fig.layout.yaxis.tickvals) == [10.0, 20.0, 50.0]
+
+
+def test_axes_with_their_own_ticks_and_linear_axes_are_left_alone():
+    fig = _log_figure([6, 12, 24, 48], [1, 2, 3, 4])
+    fig.update_xaxes(**plots.log_ticks([6, 12, 24, 48]))
+    fig.add_trace(go.Scatter(x=[1, 2], y=[1, 2], xaxis="x2", yaxis="y2"))
+    fig.update_layout(xaxis2=dict(type="linear"))
+    plots.decade_ticks(fig)
+    assert list(fig.layout.xaxis.tickvals) == [6, 12, 24, 48] and fig.layout.xaxis.dtick is None
+    assert fig.layout.xaxis2.dtick is None
+
+
+def test_forest_plot_draws_its_rows_on_a_category_axis():
+    from depthlib.plots import lm
+    rows = pd.DataFrame([{"label": "a", "value": 0.8, "lo": 0.7, "hi": 0.9},
+                         {"label": "b", "value": 1.2, "lo": 0.9, "hi": 1.5}])
+    fig = lm.alpha_comparison(rows)
+    assert fig.layout.yaxis.type == "category" and list(fig.layout.yaxis.categoryarray) == ["b", "a"]
+
+
+def test_run_note_shows_the_placeholder_box_for_smoke_runs(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(getattr(obj, "data", obj)))
+
+    class FakeRun:
+        profile, experiment, key, manifest = "smoke", "x", "k", {"profile": "smoke"}
+        committed, stale = False, False
+
+    monkeypatch.setattr("depthlib.results.provenance", lambda r: "profile smoke")
+    monkeypatch.setattr("depthlib.results.staleness_note", lambda r: "")
+    plots.run_note(FakeRun())
+    assert "Placeholder numbers" in shown[0]
+    shown.clear()
+    FakeRun.profile = "cpu"
+    plots.run_note(FakeRun())
+    assert not any("Placeholder" in s for s in shown)

@@ -1,0 +1,133 @@
+"""The verdict table: its written status rule on synthetic numbers, its small computations, the converged toy run
+it prefers when one exists, and one row per claim from the committed runs."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthlib import results, verdict
+from depthlib.errors import InputError
+
+REGION = (0.0, 2.0)   # e.g. α_ℓ < 2
+
+
+@pytest.mark.parametrize("value, lo, hi, expected", [
+    (None, None, None, "not tested here"),
+    (math.nan, None, None, "not tested here"),
+    (2.5, 2.2, 2.9, "contradicted"),          # wholly outside the region
+    (1.6, 1.1, 2.4, "not reproduced"),        # straddles the region's edge: the run cannot decide
+    (1.3, 0.9, 1.7, "reproduced"),            # inside, contains the paper's 1.2
+    (0.8, 0.7, 0.95, "partly"),               # inside, misses 1.2
+    (1.2, None, None, "reproduced"),          # a point equal to the paper's value
+    (1.0, None, None, "partly"),              # a point inside the region
+])
+def test_status_rule(value, lo, hi, expected):
+    assert verdict.status(1.2, REGION, value, lo, hi) == expected
+
+
+def test_status_without_paper_value_is_reproduced_inside_the_region():
+    assert verdict.status(None, (0.0, 1.0), 0.4, 0.3, 0.5) == "reproduced"
+    assert verdict.status(None, (0.0, 1.0), 4.2) == "contradicted"
+
+
+def test_status_rejects_an_inverted_interval():
+    with pytest.raises(InputError):
+        verdict.status(1.2, REGION, 1.0, 1.5, 0.5)
+
+
+def test_row_takes_the_weakest_status_of_its_models():
+    claim = verdict.CLAIMS[0]
+    good = verdict.Measurement("a", 1.2, 1.0, 1.4)
+    bad = verdict.Measurement("b", 3.0, 2.5, 3.5)
+    assert verdict.Row(claim, [good]).status == "reproduced"
+    assert verdict.Row(claim, [good, bad]).status == "contradicted"
+    assert verdict.Row(claim, []).status == "not tested here"
+
+
+def test_every_claim_has_a_section_and_a_region_containing_its_paper_value():
+    assert len({c.key for c in verdict.CLAIMS}) == len(verdict.CLAIMS)
+    for c in verdict.CLAIMS:
+        assert c.section in verdict.SECTIONS and verdict.SECTIONS[c.section] == c.chapter
+        assert c.region[0] < c.region[1]
+        if c.paper is not None:
+            assert c.region[0] <= c.paper <= c.region[1], c.key
+
+
+def test_wilson_interval():
+    lo, hi = verdict.wilson_interval(0.5, 100)
+    assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
+    lo, hi = verdict.wilson_interval(1.0, 20)
+    assert hi == 1.0 and 0.8 < lo < 0.9
+    with pytest.raises(InputError):
+        verdict.wilson_interval(0.5, 0)
+
+
+def test_t_interval_widens_with_few_degrees_of_freedom():
+    lo1, hi1 = verdict.t_interval(1.0, 0.1, 1)
+    lo30, hi30 = verdict.t_interval(1.0, 0.1, 30)
+    assert hi1 - lo1 == pytest.approx(2 * 12.706 * 0.1, rel=1e-3)
+    assert hi30 - lo30 < 0.5
+    assert all(math.isnan(x) for x in verdict.t_interval(1.0, 0.1, 0))
+
+
+def test_optimum_exponents_match_the_law():
+    x, y = verdict.optimum_exponents(np.array([1.0, 0.9]), np.array([1.0, 1.35]))
+    assert x[0] == pytest.approx(1.0) and y[0] == pytest.approx(1 / 3)
+    assert x[1] == pytest.approx(1.5) and y[1] == pytest.approx(0.9 * 1.35 / (2 * 1.35 + 0.9))
+
+
+def test_middle_angle_per_doc_uses_the_middle_blocks():
+    docs = pd.DataFrame({"theta_0": [1.0, 1.0], "theta_1": [0.2, 0.4], "theta_2": [0.4, 0.6], "theta_3": [2.0, 2.0]})
+    assert verdict.middle_angle_per_doc(docs) == pytest.approx([0.3, 0.5])
+
+
+def test_middle_update_angle():
+    layers = pd.DataFrame({"metric": ["theta_dh"] * 4 + ["theta"], "layer": [0, 1, 2, 3, 0],
+                           "mean": [0.1, 1.4, 1.6, 0.1, 9.0], "std": [0.0, 0.4, 0.4, 0.0, 0.0],
+                           "count": [100] * 5})
+    mean, se = verdict.middle_update_angle(layers)      # 5 blocks: middle pairs are layers 1 and 2
+    assert mean == pytest.approx(1.5) and se == pytest.approx(0.04)
+
+
+def _converged_run(root, rows):
+    run = results.open_run(verdict.CONVERGED_EXPERIMENT, {"synthetic": True}, root=root)
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.write_table(verdict.CONVERGED_TABLE, pd.DataFrame(rows))
+    run.finish(profile="cpu", seed=0, wall_time_s=1.0, code=["depthlib.measures"])
+    return run
+
+
+def test_chapter3_prefers_a_converged_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    rows = [dict(teacher="tied", temperature=0.01, alpha=2.6, lo=2.3, hi=2.9, replicates=3),
+            dict(teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3),
+            dict(teacher="independent", temperature=1.0, alpha=1.05, lo=0.9, hi=1.2, replicates=3)]
+    _converged_run(results.paths.local_results_dir(), rows)
+    found = verdict._chapter3("cpu", rerun=True)      # rerun: look only at the (synthetic) local runs
+    assert found["tied_alpha"][0].value == 2.9 and "converged" in found["tied_alpha"][0].note
+    assert found["low_t_incomplete"][0].value == 2.6
+    assert found["independent_alpha"][0].lo == 0.9
+    rows_out = {r.claim.key: r for r in verdict.verdict("cpu", rerun=True, chapters=[3])}
+    assert rows_out["tied_alpha"].status == "reproduced"
+    assert rows_out["low_t_incomplete"].status == "partly"
+
+
+def test_without_runs_every_row_is_not_tested(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    rows = verdict.verdict("cpu", rerun=True, chapters=[3, 4, 6, 7])
+    assert rows and all(r.status == "not tested here" for r in rows)
+    text = verdict.markdown(rows)
+    assert text.count("**not tested here**") == len(rows)
+
+
+def test_committed_runs_give_a_row_per_claim_with_a_status():
+    rows = verdict.verdict("cpu")
+    assert [r.claim.key for r in rows] == [c.key for c in verdict.CLAIMS]
+    assert all(r.status in verdict.STATUSES for r in rows)
+    tested = [r for r in rows if r.status != "not tested here"]
+    assert len(tested) >= 10                                  # chapters 1-6 have committed cpu runs
+    shown = verdict.table(rows)
+    assert not shown.isna().any().any() and "nan" not in shown.to_string().lower()
+    md = verdict.markdown(rows)
+    assert md.count("**") // 2 == len(rows) and all(c.claim in md for c in verdict.CLAIMS)
