@@ -479,6 +479,18 @@ def converged_findings(run: results.Run, paper: pd.DataFrame | None = None) -> l
         beat = int((tb["test_loss"] < tb["initial_loss_euler"]).sum())
         lines.append(f"Tied students beat the untrained Euler discretisation of the same depth in {beat} of {len(tb)} "
                      f"cases (by {np.median(tb['initial_loss_euler'] / tb['test_loss']):.1f}× in the median).")
+    trained = rows[rows["steps"] > 0]
+    keys = ["teacher", "temperature", "replicate", "depth"]
+    ratio = trained[trained["converged"]].groupby(keys)["test_loss"].apply(
+        lambda v: float(np.sort(v.to_numpy())[1] / v.min()) if len(v) > 1 else np.nan).dropna()
+    if len(ratio):
+        worst = ratio.idxmax()
+        lines.append(f"Converged routes disagree: where two routes of a student both pass the 1 % rule, the runner-up's "
+                     f"loss is {ratio.median():.2f}× the best one's in the median ({len(ratio)} students) and up to "
+                     f"{ratio.max():.1f}× ({worst[0]}, T = {worst[1]:g}, "
+                     f"replicate {worst[2]}, ℓ = {worst[3]}). The 1 % rule says a student stopped improving, not that it "
+                     "reached the lowest loss its depth allows; depths with fewer warm-start routes (ℓ = 16 has no "
+                     "trained ℓ/2 to split) can sit higher, which shows as alternating local slopes.")
     wins = best.groupby("route").size()
     lines.append("The best route: " + ", ".join(f"{k} {v}" for k, v in wins.sort_values(ascending=False).items())
                  + f" of {len(best)} students.")
