@@ -198,7 +198,6 @@ def atomic_torch_save(path: Path, state: dict) -> None:
 
 
 # ---- one run ----------------------------------------------------------------------------------------------
-@dataclass
 def _finite_or_null(obj: Any, where: str, undefined: list[str]) -> Any:
     """``obj`` with every NaN or ±inf float replaced by None (JSON null), its dotted key appended to ``undefined``:
     a manifest says a number is undefined, never fails to be written (strict JSON has no NaN)."""
@@ -212,6 +211,7 @@ def _finite_or_null(obj: Any, where: str, undefined: list[str]) -> Any:
     return obj
 
 
+@dataclass
 class Run:
     """One run of one experiment under one config: a folder of tables and a manifest."""
 
