@@ -4,7 +4,11 @@ Reproduces and extends Liu, Kangaslahti, Liu & Gore, "Inverse Depth Scaling From
 Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 
 - :mod:`depthlib.paths`    checkout or wheel; the user cache (``DEPTHLIB_CACHE_DIR``); package data
-- :mod:`depthlib.results`  results cache, code fingerprints, THE rule for which run a chapter shows
+- :mod:`depthlib.chapters` the registry :data:`CHAPTERS`: each chapter's number, package, notebook, plots module,
+                           results-cache experiments and command (the CLI, the book, the tests loop over it)
+- :mod:`depthlib.contract` the chapter contract: the one profile type, the one config-from-JSON helper
+- :mod:`depthlib.results`  results cache, derived code fingerprints, THE rule for which run a chapter shows, and
+                           THE run lifecycle (:func:`~depthlib.results.computing`)
 - :mod:`depthlib.validate` shared validators (device, finite numbers, ranges) behind the one-line errors
 - :mod:`depthlib.executors` serial | joblib | submitit: where units of work (one run each) are computed
 - :mod:`depthlib.runtime`  process settings for long CPU runs (steady glibc malloc)
@@ -20,13 +24,19 @@ Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 - :mod:`depthlib.plots`    plotly figures in one style, one module per chapter
 - :mod:`depthlib.book`     executes the notebooks (papermill) and builds the Jupyter Book
 
-Every chapter package has a ``chapter`` module with the same names: ``PROFILES`` (smoke | cpu | paper),
-``chapter_run`` (the run its notebook shows, found by :func:`depthlib.results.chapter_run`) and ``replay``
-(recompute a cheap prefix of a run with the current code). A chapter whose run splits into independent units of
-work has a ``shards`` module (toy, probes, tracing; the depth series trains one member per unit itself): the same run
-as jobs of an executor, merged into the one-process run's cache key.
+Every chapter package has a ``chapter`` module with the same names (:mod:`depthlib.contract`): ``PROFILES``
+(smoke | cpu | paper, values of one :class:`~depthlib.contract.Profile` subclass), ``runs(profile, *, rerun,
+executor, device)`` (the runs its notebook shows, by part name, each found by
+:func:`depthlib.results.select_run` or computed now), ``compute`` (one run into the local cache), ``replay``
+(recompute a cheap prefix of a run with the current code), ``describe`` and ``summary`` (what the chapter's text
+and the ``depthlib`` command say about a run) and ``COMPUTE`` (the compute entry of each experiment's runs). A run
+records the code modules its numbers depend on, derived from the imports of its compute entry
+(:func:`depthlib.results.compute_modules`; orchestration and plotting left out). A chapter whose run splits into
+independent units of work has a ``shards`` module (toy, probes, tracing; the depth series trains one member per unit
+itself): the same run as jobs of an executor, merged into the one-process run's cache key.
 """
+from depthlib.chapters import CHAPTERS
 from depthlib.errors import InputError
 
 __version__ = "0.1.0"
-__all__ = ["InputError", "__version__"]
+__all__ = ["CHAPTERS", "InputError", "__version__"]

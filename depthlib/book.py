@@ -25,6 +25,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from depthlib.chapters import CHAPTERS
 from depthlib.errors import InputError
 from depthlib.paths import REPO_ROOT
 
@@ -82,7 +83,9 @@ def vendor_assets(dest: Path = ASSETS, force: bool = False) -> Path:
 
 
 def notebook_paths(only: list[str] | None = None) -> list[Path]:
-    paths = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    """The chapters' notebooks in the book's order (:data:`depthlib.chapters.CHAPTERS`), or those named in ``only``
+    (names or stems, a prefix such as ``03`` is enough)."""
+    paths = [NOTEBOOKS / f"{c.notebook}.ipynb" for c in CHAPTERS]
     if only:
         wanted = [o.removesuffix(".ipynb") for o in only]
         chosen = [p for p in paths if any(p.stem == w or p.stem.startswith(w) for w in wanted)]
@@ -94,7 +97,7 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
 
 
 #: Chapters whose notebooks load the offline language models (converted before they run, see prepare_models).
-MODEL_CHAPTERS = ("02_hidden_states", "04_causal_tracing")
+MODEL_CHAPTERS = tuple(c.notebook for c in CHAPTERS if c.offline_models)
 #: Environment of the notebook kernels: tqdm bars created without an explicit ``disable=`` stay silent, and the
 #: Hugging Face libraries draw none (they would be ipywidgets or stderr text inside the executed notebooks).
 QUIET_KERNEL_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}

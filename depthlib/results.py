@@ -621,6 +621,10 @@ def guarding(folder: Path, saves: str | None = None) -> Iterator[None]:
         raise
 
 
+#: the wall clock of :class:`Computation` (a test may replace it)
+_clock = time.perf_counter
+
+
 class Computation:
     """A run being computed (:func:`computing`): the run, whether it was complete when opened, and what its
     manifest will say besides the lifecycle's own fields."""
@@ -630,13 +634,13 @@ class Computation:
         self.complete = run.complete           # complete (and fresh) when opened: nothing to compute
         self.extra: dict[str, Any] = {}
         self._stopped = False
-        self._start = time.perf_counter()
+        self._start = _clock()
         self._before = 0.0 if self.complete else run.elapsed_before()
 
     @property
     def elapsed(self) -> float:
         """Wall time of this run so far, in seconds, over every segment (an interrupted run resumes its count)."""
-        return self._before + time.perf_counter() - self._start
+        return self._before + _clock() - self._start
 
     def save_progress(self) -> None:
         """Record the wall time so far, so that a resumed run's manifest counts this segment too."""

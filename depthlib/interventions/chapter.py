@@ -63,8 +63,8 @@ def _lm_run(profile: str, model: str, rerun: bool, progress: bool) -> results.Ru
         return intervention_key(model, p.corpus, p.n_docs, p.config)
     p = PROFILES[profile]
     return results.chapter_run(experiment_name(model), profile,
-                               lambda: run_interventions(model, p.corpus, p.n_docs, p.config, profile=profile,
-                                                         progress=progress),
+                               lambda: compute(model, p.corpus, p.n_docs, p.config, profile=profile,
+                                               progress=progress),
                                expected_config=expected, rerun=rerun)
 
 
@@ -72,7 +72,7 @@ def _toy_run(profile: str, rerun: bool, progress: bool) -> results.Run:
     def expected(prof: str) -> dict | None:
         return dataclasses.asdict(PROFILES[prof].toy) if prof in PROFILES else None
     return results.chapter_run(TOY_EXPERIMENT, profile,
-                               lambda: run_toy_interventions(PROFILES[profile].toy, profile=profile, progress=progress),
+                               lambda: compute("toy", config=PROFILES[profile].toy, profile=profile, progress=progress),
                                expected_config=expected, rerun=rerun)
 
 
@@ -91,7 +91,10 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 8, config: Intervent
     """Run the plan suite (or ``plans``) on ``model``, cached (:func:`depthlib.interventions.run_interventions`);
     ``model="toy"`` trains and edits the toy students of ``config`` (a :class:`ToyInterventionConfig`) instead."""
     if model == "toy":
-        return run_toy_interventions(config, profile=profile, progress=progress, force=force)
+        toy = (config or ToyInterventionConfig()).validate()
+        folder = results.open_run(TOY_EXPERIMENT, dataclasses.asdict(toy)).path
+        with results.guarding(folder, f"the students' last checkpoint (every 500 steps) is in {folder}"):
+            return run_toy_interventions(toy, profile=profile, progress=progress, force=force)
     cfg = (config or InterventionConfig()).validate()
     folder = results.open_run(experiment_name(model), intervention_key(model, corpus, n_docs, cfg, plans)).path
     with results.guarding(folder, f"finished batches are checkpointed in {folder}"):

@@ -120,7 +120,7 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
     Returns the :class:`depthlib.results.Run` (tables ``layers``, ``histograms``, ``tokens``, ``docs``
     and a manifest with the summary). A finished run with the same settings is reused. With ``doc_range`` =
     (start, stop), only documents start … stop−1 of the ``n_docs`` are probed (a shard, merged by
-    :func:`depthlib.probes.shards.merge`).
+    :func:`depthlib.probes.shards.run_sharded`).
     """
     from depthlib import data
     cfg = (config or ProbeConfig()).validate()

@@ -123,9 +123,23 @@ def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: 
     of the sensitivity check, ``sensitivity ε=<ε>`` (:func:`sensitivity_runs`). Each is computed in this process
     if missing (the profile's own settings decide the device; ``executor`` and ``device`` are for :func:`compute`)."""
     out = dict(chapter_runs(profile, extra_models=extra_models, rerun=rerun, progress=progress))
-    out.update({f"sensitivity ε={eps:g}": run for eps, run in sensitivity_runs(profile, rerun=rerun,
-                                                                               progress=progress).items()})
+    out.update({f"{SENSITIVITY}{eps!r}": run for eps, run in sensitivity_runs(profile, rerun=rerun,
+                                                                              progress=progress).items()})
     return out
+
+
+#: the part name of a sensitivity run is this prefix and its weight-noise level ε
+SENSITIVITY = "sensitivity ε="
+
+
+def model_runs(parts: dict[str, results.Run]) -> dict[str, results.Run]:
+    """The per-model runs among a :func:`runs` result, {model: run}."""
+    return {k: r for k, r in parts.items() if not k.startswith(SENSITIVITY)}
+
+
+def sensitivity_parts(parts: dict[str, results.Run]) -> dict[float, results.Run]:
+    """The weight-noise sensitivity runs among a :func:`runs` result, {ε: run}."""
+    return {float(k.removeprefix(SENSITIVITY)): r for k, r in parts.items() if k.startswith(SENSITIVITY)}
 
 
 def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeConfig | None = None, *,

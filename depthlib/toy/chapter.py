@@ -207,6 +207,11 @@ def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: 
     return out
 
 
+def calibration_parts(runs: dict[str, results.Run]) -> dict[str, results.Run]:
+    """The calibration runs among a :func:`runs` result, by kind (tied, independent)."""
+    return {k.removeprefix("calibration-"): r for k, r in runs.items() if k.startswith("calibration-")}
+
+
 def calibration_tables(runs: dict[str, results.Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The calibration runs' curves and α_ℓ-per-step tables, stacked, with a ``teacher`` column (tied | independent)."""
     curves = pd.concat([r.table("curves").assign(teacher=k) for k, r in runs.items()], ignore_index=True)
