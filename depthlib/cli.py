@@ -70,7 +70,7 @@ def _add_force(p, note: str = "") -> None:
 
 def _add_executor(p) -> None:
     """--executor and its settings (depthlib.executors): where the units of a run go."""
-    g = p.add_argument_group("executors (issue 14)")
+    g = p.add_argument_group("executors")
     g.add_argument("--executor", choices=("serial", "joblib", "submitit"), default="serial",
                    help="serial: this process (default); joblib: local worker processes; submitit: SLURM jobs")
     g.add_argument("--jobs", type=int, default=2, help="joblib worker processes (default 2)")
