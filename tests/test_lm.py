@@ -325,3 +325,14 @@ def test_cli_bad_input_exits_2_with_one_line(args, message, cache):
     out = _cli(*args, cache=cache)
     assert out.returncode == 2 and out.stdout == ""
     assert message in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr
+
+
+def test_leave_one_depth_out_refits_without_each_depth():
+    from depthlib.lm import chapter
+    from depthlib.results import select_run
+    run = select_run(chapter.EXPERIMENT, "cpu", expected_config=chapter._expected)
+    if run is None:
+        pytest.skip("no committed cpu run of the depth series")
+    loo = chapter.leave_one_depth_out(run)
+    assert list(loo["left out"]) == list(run.config["depths"])
+    assert loo["α_ℓ"].notna().all() and loo["α_ℓ"].max() > loo["α_ℓ"].min()

@@ -515,3 +515,31 @@ def test_probe_resumes_after_an_interruption_with_identical_results(tokenizer, t
     resumed = stream.probe_documents(model, tokenizer, TEXTS, cfg, progress=False, checkpoint=ckpt, checkpoint_every=1)
     for name in ("layers", "histograms", "tokens", "docs"):
         pd.testing.assert_frame_equal(getattr(resumed, name), getattr(whole, name), check_exact=True)
+
+
+def test_angle_summary_finds_the_spike_and_the_lowest_update_angle():
+    import pandas as pd
+
+    from depthlib.probes.chapter import angle_summary
+    theta = [1.2, 0.3, 0.9, 0.3, 0.3, 1.0]            # 6 blocks; middle blocks 2-5, block 3 spikes
+    dh = [1.5, 1.4, 1.1, 1.6, 1.5]                     # middle pairs (2,3) (3,4) (4,5): 1.4, 1.1, 1.6
+    layers = pd.DataFrame({"metric": ["theta"] * 6 + ["theta_dh"] * 5, "layer": list(range(6)) + list(range(5)),
+                           "mean": theta + dh, "std": 0.0, "count": 10})
+    s = angle_summary(layers)
+    assert s["spike_block"] == 3 and s["spike_angle"] == 0.9
+    assert abs(s["middle_mean"] - 0.45) < 1e-12
+    assert s["update_min"] == 1.1 and s["update_min_pair"] == 3
+    assert abs(s["update_mean"] - (1.4 + 1.1 + 1.6) / 3) < 1e-12
+
+
+def test_ideal_distances_separate_nearness_from_cluster_membership():
+    import numpy as np
+
+    from depthlib.probes.chapter import ideal_distances
+    from depthlib.probes.trajectory import analyze_trajectories
+    rng = np.random.default_rng(0)
+    # every token turns its middle blocks unevenly (0.2, 1.0, 0.6): the 'evenly' ideal (0.6 each) is far from all ...
+    theta = np.abs(np.array([1.0, 0.2, 1.0, 0.6, 1.0]) + rng.normal(0, 0.03, (200, 5)))
+    a = analyze_trajectories(theta)
+    d = ideal_distances(theta, a)
+    assert d["to_own_mean"] < 0.5 * d["to_evenly"]      # ... and near its own cluster's mean

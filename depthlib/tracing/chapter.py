@@ -30,7 +30,7 @@ EXPERIMENT = "causal_tracing"
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: locate, noise, patching, tracer, facts and the model adapters).
 COMPUTE = {EXPERIMENT: "depthlib.tracing.chapter:compute"}
-#: The paper's prompt (spec §6: "The space needle is in downtown" -> " Seattle") and two classic ROME facts.
+#: The paper's prompt (its Fig. 6: "The space needle is in downtown" -> " Seattle") and two classic ROME facts.
 CHAPTER_PROMPTS = (
     ("The Space Needle is in downtown", "Space Needle", " Seattle"),
     ("The Eiffel Tower is located in the city of", "Eiffel Tower", " Paris"),
@@ -85,7 +85,7 @@ def chapter_config(profile: str, extra_models: Sequence[str] = ()) -> dict:
             "prompts": [list(p) for p in CHAPTER_PROMPTS[: prof.n_prompts]], "facts": _facts_digest(load_facts())}
 
 
-#: the noise-only baseline traces the same facts again with the noise seed shifted by this much (issue 9)
+#: the noise-only baseline traces the same facts again with the noise seed shifted by this much
 BASELINE_SEED_OFFSET = 1000
 
 
