@@ -94,7 +94,7 @@ def _executor_config(args):
                       time_min=args.time, array_parallelism=args.array_parallelism)
 
 
-# ---- fit (issue 2) ---------------------------------------------------------------------------------
+# ---- fit ---------------------------------------------------------------------------------------
 def _add_fit(sub) -> None:
     p = sub.add_parser("fit", help="fit the decomposed scaling law (or the classic Chinchilla form) to the Chinchilla points")
     p.add_argument("--law", choices=("decomposed", "chinchilla"), default="decomposed",
@@ -136,7 +136,7 @@ def _cmd_fit(args) -> dict[str, Any]:
     return out
 
 
-# ---- book (issue 2) --------------------------------------------------------------------------------
+# ---- book --------------------------------------------------------------------------------------
 def _add_book(sub) -> None:
     p = sub.add_parser("book", help="execute every notebook with papermill and build the HTML book (_build/html)")
     p.add_argument("--profile", choices=PROFILES, default="cpu")
@@ -156,7 +156,7 @@ def _cmd_book(args) -> dict[str, Any]:
     return {"html": str(html / "index.html"), "profile": args.profile, "rerun": args.rerun}
 
 
-# ---- toy (issue 3) ---------------------------------------------------------------------------------
+# ---- toy ---------------------------------------------------------------------------------------
 def _add_toy(sub) -> None:
     p = sub.add_parser("toy", help="train teacher-student toy networks and fit the depth exponent α_ℓ")
     p.add_argument("--profile", choices=PROFILES, default="smoke",
@@ -264,7 +264,7 @@ def _round_or_none(x: float, digits: int = 3):
     return None if x is None or not math.isfinite(float(x)) else round(float(x), digits)
 
 
-# ---- probe (issue 4) -------------------------------------------------------------------------------
+# ---- probe -------------------------------------------------------------------------------------
 def _add_probe(sub) -> None:
     p = sub.add_parser("probe", help="hidden-state angles, update angles, clusters and lens losses of a causal LM")
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
@@ -311,7 +311,7 @@ def _cmd_probe(args) -> dict[str, Any]:
     return out
 
 
-# ---- trace (issue 5) -------------------------------------------------------------------------------
+# ---- trace -------------------------------------------------------------------------------------
 def _add_trace(sub) -> None:
     p = sub.add_parser("trace", help="ROME-style causal trace of one fact (paper §6, Fig. 6), or chapter 4's whole run")
     p.add_argument("--model", default=None, metavar="NAME_OR_PATH",
@@ -406,7 +406,7 @@ def _cmd_trace(args) -> dict[str, Any]:
             "grid_axes": "grid[layer][token]: mean restored p(target), layer 0 = first block"}
 
 
-# ---- intervene (issue 12) ---------------------------------------------------------------------------
+# ---- intervene ---------------------------------------------------------------------------------
 def _add_intervene(sub) -> None:
     p = sub.add_parser("intervene", help="delete, reorder or parallelise blocks of a causal LM; loss and KL per plan")
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
@@ -446,7 +446,7 @@ def _cmd_intervene(args) -> dict[str, Any]:
             "units": s["units"], "results": s["run"]}
 
 
-# ---- lm-depth (issue 13) ---------------------------------------------------------------------------
+# ---- lm-depth ---------------------------------------------------------------------------------
 def _add_lm_depth(sub) -> None:
     p = sub.add_parser("lm-depth", help="train a depth series of small LMs here (chapter 6) and fit L = L∞ + c/ℓ^α_ℓ")
     p.add_argument("--profile", choices=PROFILES, default="smoke",
