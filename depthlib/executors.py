@@ -1,6 +1,6 @@
 """Where units of work run: in this process, on local worker processes (joblib), or as SLURM jobs (submitit).
 
-Nothing here schedules anything itself (issue 14): joblib's loky processes use the cores of one machine, submitit
+Nothing here schedules anything itself: joblib's loky processes use the cores of one machine, submitit
 submits SLURM job arrays (its ``local`` and ``debug`` clusters run real subprocess jobs, or in-process, for tests).
 
 A :class:`Unit` is a small picklable description of one piece of work: a module-level function, its keyword

@@ -28,7 +28,7 @@ from depthlib.toy.sweep import (
 
 #: The phase diagram. smoke: seconds, proves the code path (numbers meaningless). cpu: teachers of five ρ, all
 #: normalised to the ρ = 0 teacher's displacement (so ρ changes how smooth the teacher is, not how far it goes),
-#: × 3 temperatures, 3 depths over two octaves, batch 256, final lr decay (toy-performance.md §4): 10.6 GFLOP
+#: × 3 temperatures, 3 depths over two octaves, batch 256, final lr decay (measured on this project's 2-core machines): 10.6 GFLOP
 #: per step × 6k steps. paper: exp-9 + exp-9-1 (ρ ∈ {0, 1}, 16 T, 3 replicates, 6 depths, 40k × 1024) plus a ρ
 #: grid at three temperatures.
 PROFILES: dict[str, SweepConfig] = {

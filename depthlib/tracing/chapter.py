@@ -31,7 +31,7 @@ EXPERIMENT = "causal_tracing"
 #: The modules whose code decides a run's numbers (its manifest records their fingerprint; not this module).
 CODE = ("depthlib.tracing.locate", "depthlib.tracing.noise", "depthlib.tracing.patching", "depthlib.tracing.tracer",
         "depthlib.tracing.facts", "depthlib.models.arch", "depthlib.models.loading", "depthlib.models.hooks")
-#: The paper's prompt (spec §6: "The space needle is in downtown" -> " Seattle") and two classic ROME facts.
+#: The paper's prompt (paper Fig. 6: "The space needle is in downtown" -> " Seattle") and two classic ROME facts.
 CHAPTER_PROMPTS = (
     ("The Space Needle is in downtown", "Space Needle", " Seattle"),
     ("The Eiffel Tower is located in the city of", "Eiffel Tower", " Paris"),
@@ -86,7 +86,7 @@ def chapter_config(profile: str, extra_models: Sequence[str] = ()) -> dict:
             "prompts": [list(p) for p in CHAPTER_PROMPTS[: prof.n_prompts]], "facts": _facts_digest(load_facts())}
 
 
-#: the noise-only baseline traces the same facts again with the noise seed shifted by this much (issue 9)
+#: the noise-only baseline traces the same facts again with the noise seed shifted by this much
 BASELINE_SEED_OFFSET = 1000
 
 

@@ -36,7 +36,7 @@ from depthlib.tracing.patching import KINDS, clean_states, corrupted_run, patche
 
 @dataclass(frozen=True)
 class TraceConfig:
-    """How to trace. Defaults are ROME's (anchors §A2); :func:`paper_config` gives the paper's (spec §6)."""
+    """How to trace. Defaults are ROME's (anchors §A2); :func:`paper_config` gives the paper's (paper Fig. 6)."""
 
     samples: int = 10            # ROME averages 10 noise draws; the paper uses 1 (noisier maps)
     noise: str | float = "rome"  # "rome" | "paper" | σ as a float; see depthlib.tracing.noise
@@ -51,7 +51,7 @@ class TraceConfig:
 
 
 def paper_config(**overrides) -> TraceConfig:
-    """The paper's settings (spec §6): one noise draw of 3 × the embedding-matrix std, window 1."""
+    """The paper's settings (paper Fig. 6): one noise draw of 3 × the embedding-matrix std, window 1."""
     return TraceConfig(**{"samples": 1, "noise": "paper", "window": 1, **overrides})
 
 
