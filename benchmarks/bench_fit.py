@@ -1,4 +1,4 @@
-"""Speed of the Chinchilla fits (issue 2): converged fit, 1000-resample bootstrap, the paper preset, and the paper's loop
+"""Speed of the Chinchilla fits: converged fit, 1000-resample bootstrap, the paper preset, and the paper's loop
 written the plain way (autograd + torch.optim.Adam), which the preset must equal bit for bit.
 
 Prints wall times measured in one run (the machine is shared: compare ratios, not absolute numbers) and writes
@@ -22,7 +22,7 @@ from depthlib import data, scaling
 
 def plain_torch_adam(points: scaling.Points, steps: int) -> np.ndarray:
     """The paper's procedure written the plain way: torch eager, autograd, torch.optim.Adam, one start, with the
-    original's dtypes (float64 ln c and data, 0-d float32 exponents and L0; spec §3.4)."""
+    original's dtypes (float64 ln c and data, 0-d float32 exponents and L0; paper App. B)."""
     import torch
     torch.set_num_threads(1)   # as the paper preset does: a second thread only spin-waits on these tiny tensors
     f = points.frame

@@ -1,4 +1,4 @@
-"""Depth-series training speed (issue 13): tokens/s of each member and the fraction of the fp32 matmul ceiling.
+"""Depth-series training speed: tokens/s of each member and the fraction of the fp32 matmul ceiling.
 
 In one process, interleaved round by round (each round times the matmul ceiling and then a few optimiser steps of every
 depth, so machine load hits them alike), with the profile's exact model, batch and optimiser

@@ -1,4 +1,4 @@
-"""Benchmark of the hidden-state probe (issue 4): throughput and peak memory.
+"""Benchmark of the hidden-state probe: throughput and peak memory.
 
 Throughput, measured in one run on the same batches, interleaved (the order rotates every batch):
 
@@ -9,7 +9,7 @@ Throughput, measured in one run on the same batches, interleaved (the order rota
   aggregates + reservoir);
 * ``probe+lenses``— the same with the logit and last-block lenses on ``--lens-tokens`` tokens per document.
 
-Target (issue 4): the angle metrics cost ≤ 1.3× a plain forward.
+Target: the angle metrics cost ≤ 1.3× a plain forward.
 
 Memory: ``probe_documents`` on N and 10·N documents in fresh subprocesses; the peak resident memory above the
 level reached after loading the model should not grow with N (streaming aggregates, bounded reservoir).

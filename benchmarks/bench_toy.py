@@ -1,4 +1,4 @@
-"""Toy training speed: the batched engine against a plain one-student-at-a-time loop (issue 3).
+"""Toy training speed: the batched engine against a plain one-student-at-a-time loop.
 
 In one process, interleaved round by round (each round runs every contender once, so machine load hits
 both alike), at the paper's shapes and numerics (fp32, batch 1024 unless --batch):

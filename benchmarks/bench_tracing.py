@@ -1,4 +1,4 @@
-"""Benchmark: one full causal trace, batched (depthlib.tracing) vs a naive loop (paper §6 / issue 5).
+"""Benchmark: one full causal trace, batched (depthlib.tracing) vs a naive loop (paper Fig. 6).
 
 The full trace is every layer × every token × the 3 restored kinds (block, MLP, attention) with 10 noise
 samples, on Gemma-3-270M. The naive loop runs one forward per (layer, token, sample) with the same hooks

@@ -21,7 +21,7 @@ import pandas as pd
 from depthlib.errors import InputError
 from depthlib.paths import cache_dir
 
-# ---- Chinchilla points (issue 2) ---------------------------------------------------------------------
+# ---- Chinchilla points ---------------------------------------------------------------------
 CHINCHILLA_FILE = "get_fitting_data_chinchilla.csv"
 CHINCHILLA_URL = ("https://raw.githubusercontent.com/liuyz0/DepthScaling/"
                   "07360e3decddf64d0e6b6322f5f82b79d0dd4596/Scaling/" + CHINCHILLA_FILE)
@@ -116,7 +116,7 @@ def validate_chinchilla(df: pd.DataFrame, source: str = "table") -> pd.DataFrame
     return out.reset_index(drop=True)
 
 
-# ---- corpora (issue 4) --------------------------------------------------------------------------------
+# ---- corpora --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Document:
     """One document of a corpus; ``doc_id`` is stable across runs (e.g. '1790-Washington-1')."""

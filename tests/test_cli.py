@@ -65,7 +65,7 @@ def test_fit_classic_chinchilla_law(capsys):
         assert out.returncode == 2 and out.stdout == "" and message in out.stderr.strip().splitlines()[-1], out.stderr
 
 
-# ---- issue 10: nothing lost, nothing silently wrong ------------------------------------------------------------
+# ---- nothing lost, nothing silently wrong ------------------------------------------------------------
 # One test per case of the issue; the CLI runs in this process (cli.main) except where a real pipe or signal is
 # the point. Every error case checks: the exit status, one line on stderr naming what is wrong, no traceback.
 import errno  # noqa: E402

@@ -26,8 +26,7 @@ ROOT = paths.committed_results_dir()
 #: - fp32 models (probes, causal tracing, interventions, the depth series): 1e-4 ≈ d_model · eps32, the bound on
 #:   a float32 dot product over the residual width (576 or 640 terms × 1.19e-7 = 6.9e-5 or 7.6e-5) when a CPU's
 #:   kernels sum it in another order. Measured at most 2.6e-5 (a causal-tracing probability), 1.1e-6 for probe
-#:   angles, 3.3e-7 for
-#:   interventions' summed document losses, 1.2e-8 for the depth series' held-out losses. Summed KL divergences
+#:   angles, 3.3e-7 for interventions' summed document losses, 1.2e-8 for the depth series' held-out losses. Summed KL divergences
 #:   cancel sums over the vocabulary and carry ``atol`` = twice the identity plan's KL of the same document (0
 #:   exactly; 0.07–0.11 nats per 63 tokens): measured 0.016 apart on 81.29 (1.9e-4 relative).
 #: - the toy (fp32 students, small matmuls): 1e-4, by the same bound over its widths; measured below 2.3e-6.

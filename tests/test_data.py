@@ -12,7 +12,7 @@ def test_chinchilla_loads_and_matches_pinned_hash(chinchilla_df):
     assert list(chinchilla_df.columns) == list(data.CHINCHILLA_COLUMNS)
     path = data.chinchilla_path()
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == data.CHINCHILLA_SHA256
-    # FLOP is exactly 6 N D for every row (spec §3.1)
+    # FLOP is exactly 6 N D for every row (paper App. B)
     ratio = chinchilla_df["FLOP"] / (6 * chinchilla_df["model_size"] * chinchilla_df["num_tokens"])
     assert ratio.between(1 - 1e-9, 1 + 1e-9).all()
 
@@ -64,7 +64,7 @@ def test_data_is_only_csv_and_corpora():
         data.no_such_thing
 
 
-# ---- issue 10: corpora and CSVs that were accepted without a word ---------------------------------------------
+# ---- corpora and CSVs that were accepted without a word ---------------------------------------------
 @pytest.mark.parametrize("suffix", [".txt", ".jsonl"])
 def test_latin1_corpus_names_the_file_and_byte_offset(tmp_path, suffix):
     path = tmp_path / f"latin1{suffix}"

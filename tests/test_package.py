@@ -7,9 +7,13 @@ import os
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import depthlib
 
+ROOT = Path(__file__).resolve().parents[1]
 MODULES = sorted(m.name for m in pkgutil.walk_packages(depthlib.__path__, "depthlib."))
 
 
@@ -42,3 +46,37 @@ def test_configure_process_sets_what_the_entry_points_need():
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["PASSIVE", "1", str(sys.platform.startswith("linux"))]
+
+
+def _requirements():
+    """Every requirement the package declares (dependencies and extras), as packaging Requirements."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lines = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values() for r in extra]
+    return [Requirement(line) for line in lines]
+
+
+def test_package_metadata_pins_nothing_exactly():
+    """pip install depthlib into an environment with another torch (a GPU build) must keep it: ranges, no == or ===,
+    each bounded above by the next major release."""
+    for req in _requirements():
+        ops = {spec.operator for spec in req.specifier}
+        assert not ops & {"==", "===", "~="}, f"{req} pins a version: put the pin in constraints.txt"
+        assert ">=" in ops and "<" in ops, f"{req} needs a tested lower bound and the next major as upper bound"
+
+
+def test_constraints_pin_every_requirement_inside_its_range():
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.split("#")[0].strip():
+            req = Requirement(line.split("#")[0].strip())
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"constraints.txt: {line} is not an exact pin"
+            pins[canonicalize_name(req.name)] = spec.version
+    for req in _requirements():
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} has no pin in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"constraints.txt pins {req.name} outside {req}"

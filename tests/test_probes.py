@@ -426,7 +426,7 @@ def test_offline_smollm2_probe_end_to_end():
     assert 0.5 < ce[-1] < 8  # a real LM's loss on English, in nats
 
 
-# ---- issue 9: per-document profiles, middle ranges, special tokens, weight-noise sensitivity ---------------
+# ---- per-document profiles, middle ranges, special tokens, weight-noise sensitivity ---------------
 def test_docs_table_holds_each_documents_mean_angle_profile(tokenizer):
     """The per-document angle profile (what a replay of a committed run compares) equals that document alone."""
     from depthlib.probes.stream import ProbeConfig, probe_documents
@@ -493,7 +493,7 @@ def test_small_cluster_reports_special_tokens_and_position_zero_share():
 
 
 def test_probe_resumes_after_an_interruption_with_identical_results(tokenizer, tmp_path, monkeypatch):
-    """Issue 10: the probe saves its running statistics as it goes; a rerun resumes and equals one pass."""
+    """The probe saves its running statistics as it goes; a rerun resumes and equals one pass."""
     from depthlib.probes import stream
     model = _vocab_model(tokenizer)
     cfg = stream.ProbeConfig(max_length=24, batch_size=1, dtype="float32", lens_tokens_per_doc=2,

@@ -235,7 +235,7 @@ def test_commit_run_can_omit_tables_and_says_so(roots):
         results.commit_run(run, omit=("nope",))
 
 
-# ---- issue 10: a run is validated when it is opened ----------------------------------------------------------
+# ---- a run is validated when it is opened ----------------------------------------------------------
 def test_prepare_run_keeps_a_sound_run_and_deletes_a_forced_one(roots, capsys):
     _, local = roots
     run = _make(local, "smoke", {"a": 1}, "2024-01-01")

@@ -1,4 +1,4 @@
-"""Numeric truth of the Chinchilla fits (paper §3, spec §3 and §5)."""
+"""Numeric truth of the Chinchilla fits (paper §3, App. B)."""
 import numpy as np
 import pytest
 from scipy.optimize import least_squares
@@ -40,7 +40,7 @@ def test_paper_preset_reproduces_published_fit(paper_fit):
     assert paper_fit.extra["logged_risk"] == pytest.approx(pub["logged_risk"], rel=1e3 * tol)
     assert round(100 * paper_fit.mean_rel_err, 2) == 0.40
     assert paper_fit.points.n == 203
-    # Gauss–Newton SEs as printed in the paper (spec §3.7)
+    # Gauss–Newton SEs as printed in the paper (paper App. B)
     se = paper_fit.summary()["se"]
     assert se["alpha_l"] == pytest.approx(0.2685, abs=0.005)
     assert se["alpha_m"] == pytest.approx(0.0833, abs=0.002)
@@ -66,7 +66,7 @@ def _scipy_reference(points, theta0, weights=None):
 
 
 def _original_loop(points, steps):
-    """The fit-5 loop as spec §3.4 describes it: torch autograd and torch.optim.Adam, float64 ln c, float32 exponents
+    """The fit-5 loop as paper App. B describes it: torch autograd and torch.optim.Adam, float64 ln c, float32 exponents
     and L0 (0-d), float64 data. The reference the paper preset must equal bit for bit."""
     import torch
     f = points.frame
@@ -119,7 +119,7 @@ def test_converged_preset_is_the_true_minimiser(converged_fit, paper_fit):
     # it beats the paper's early-stopped point on the paper's own objective
     assert converged_fit.risk < paper_fit.risk
     assert converged_fit.risk == pytest.approx(0.0030274, abs=2e-7)
-    # every start of the grid reached it (one basin, spec §5.5)
+    # every start of the grid reached it (one basin, the reproduction of chapter 1)
     assert converged_fit.extra["n_starts_at_best"] == converged_fit.extra["n_starts"]
     # the gradient vanishes there
     r, J = scaling.log_residuals(converged_fit.theta[None], converged_fit.points.x, converged_fit.points.loss)

@@ -1,4 +1,4 @@
-"""Toy teacher-student engine (issue 3; paper §4): teachers, batched training, fits, resume, CLI.
+"""Toy teacher-student engine (paper §4, App. C): teachers, batched training, fits, resume, CLI.
 
 Everything runs on tiny settings (teacher depth 16, small batches); the whole file takes seconds on a CPU.
 """
@@ -32,7 +32,7 @@ def _one_thread():
 
 # ---- teachers ------------------------------------------------------------------------------------------
 def test_rho_edges_are_the_papers_teachers():
-    """ρ=0: independent U(±1/√fan_in) draws per layer; ρ=1: the same tensors in every layer (spec §4.2)."""
+    """ρ=0: independent U(±1/√fan_in) draws per layer; ρ=1: the same tensors in every layer (paper App. C)."""
     L = 128
     indep, tied = make_teacher(0.0, 3), make_teacher(1.0, 3)
     d, H = 32, 128
@@ -101,7 +101,7 @@ def test_batched_equals_alone(name, steps, check):
 
     Tolerances: batched vs engine-alone agree to 1e-6 relative (same arithmetic, only the batching differs);
     vs the plain nn.Module + torch.optim.Adam loop to 2e-5 relative over every step (measured ≤ 4e-6:
-    fp32 rounding differences; toy-performance.md shows they stay at this level for shallow students).
+    fp32 rounding differences).
     """
     train = variant(name)
     teachers = [make_teacher(0.0, 1, SHAPE), make_teacher(1.0, 1, SHAPE)]
@@ -225,7 +225,7 @@ class _nullcontext:
         return False
 
 
-# ---- issue 11: the hand-written backward, normalised teachers, honest intervals, long-lag signature ------
+# ---- the hand-written backward, normalised teachers, honest intervals, long-lag signature ------
 @pytest.mark.parametrize("name", ["exp-9", "exp-9-3", "exp-9-2", "exp-9-4"])
 def test_backward_equals_float64_autograd(name, monkeypatch):
     """The engine's hand-written gradients (every weight, bias and head of mixed-depth students, random non-zero
@@ -271,7 +271,7 @@ def test_backward_equals_float64_autograd(name, monkeypatch):
 
 
 def test_normalised_teachers_share_the_independent_displacement():
-    """Displacement normalisation (issue 11): every ρ > 0 teacher is shrunk to the ρ = 0 teacher's mean ‖h_ℓ* − h_0‖;
+    """Displacement normalisation: every ρ > 0 teacher is shrunk to the ρ = 0 teacher's mean ‖h_ℓ* − h_0‖;
     ρ = 0 is untouched, and without ``normalise`` the paper's teachers are bit for bit unchanged."""
     from depthlib.toy.models import displacement, displacement_inputs
     x = displacement_inputs(SHAPE)

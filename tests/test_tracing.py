@@ -401,7 +401,7 @@ def test_gemma_smoke_run_replays():
     np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-5, atol=1e-7)
 
 
-# ---- issue 9 (noise-only baseline, the late group's step) and issue 10 (inputs that were accepted silently) ----
+# ---- noise-only baseline, the late group's step and inputs that were accepted silently ----
 def _synthetic_facts(seed_shift: float, n_facts: int = 24, L: int = 12):
     """Fact traces with a smooth early curve at the subject and a one-block jump at the last token, plus noise."""
     import pandas as pd
@@ -449,7 +449,7 @@ def test_zero_noise_warns(tok):
         tracing.noise_sigma(model, tok, 0.0)
 
 
-# ---- issue 14: the chapter run as jobs of an executor ------------------------------------------------------------
+# ---- the chapter run as jobs of an executor ------------------------------------------------------------
 @pytest.mark.parametrize("kind,cluster", [("serial", "auto"), ("joblib", "auto"), ("submitit", "local"),
                                           ("submitit", "debug")])
 def test_sharded_chapter_run_equals_one_process(tok, tmp_path, monkeypatch, kind, cluster):

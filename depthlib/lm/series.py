@@ -1,4 +1,4 @@
-"""One depth series: train every depth on the same tokens, save each as a Hugging Face folder, probe it (issue 13).
+"""One depth series: train every depth on the same tokens, save each as a Hugging Face folder, probe it.
 
 A series is one results-cache run (experiment ``lm-depth``). Each (depth, seed) member is a unit of work: it is
 trained (resumable from ``units/checkpoint_<unit>.pt``), saved as an ordinary Hugging Face folder with its tokenizer
@@ -61,7 +61,7 @@ class SeriesConfig:
     """A depth series: the depths and seeds, the tokenizer, the family, the optimiser, the data and the probes."""
 
     profile: str
-    depths: tuple = (1, 2, 4, 8, 16)             # ℓ: four octaves (issue 13 lists 1 2 3 4 6 8 12 16; Pythia spans 6 … 24)
+    depths: tuple = (1, 2, 4, 8, 16)             # ℓ: four octaves (Pythia spans 6 … 24)
     seeds: tuple = (0,)                          # replicates: initialisation and data order (the same for every ℓ)
     vocab_size: int = 2048                       # BPE vocabulary (a few thousand: the head stays cheap at width 64)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -285,7 +285,7 @@ def _store(run: results.Run) -> results.Run:
 
 def train_member(config: dict, depth: int, seed: int, device: str = "cpu") -> str:
     """Train (or resume, or skip) one member of a series in its run's folder; returns the folder. Module-level so
-    that executors can run members as separate jobs (issue 14); the series' tokenizer must exist (run_series
+    that executors can run members as separate jobs; the series' tokenizer must exist (run_series
     trains it before it dispatches members)."""
     from depthlib.lm.throughput import matmul_ceiling
     cfg = SeriesConfig.from_dict(config).validate()

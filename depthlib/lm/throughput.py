@@ -1,4 +1,4 @@
-"""How fast the series trains, against what this machine's fp32 matmul can do (issue 13: budget and throughput).
+"""How fast the series trains, against what this machine's fp32 matmul can do (its budget and throughput).
 
 The *ceiling* is the rate of one large square fp32 ``torch.mm`` on the training device: what dense linear algebra
 reaches here. The *fraction* of it that training achieves is (training FLOPs, :func:`depthlib.lm.model.flops_per_token`

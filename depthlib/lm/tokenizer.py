@@ -1,4 +1,4 @@
-"""A byte-level BPE tokenizer trained here, on the training documents only (issue 13; paper §3 trains on its own tokens).
+"""A byte-level BPE tokenizer trained here, on the training documents only (paper §3 trains on its own tokens).
 
 Byte-level BPE (GPT-2/Pythia style): every string round-trips exactly, nothing is out of vocabulary, and one
 special token ``<|endoftext|>`` separates documents (it is also bos, eos and pad). Training with ``tokenizers`` is

@@ -1,4 +1,4 @@
-"""A probe run as shards of documents (issue 14): each shard probes a contiguous range of the corpus's documents as
+"""A probe run as shards of documents: each shard probes a contiguous range of the corpus's documents as
 its own resumable run, and the shards merge into the run one pass would make, under the same cache key.
 
 Why the merge is exact: every random choice of the stream (which tokens the lenses score, which tokens the sample

@@ -62,7 +62,7 @@ class ProbeConfig:
     max_logit_elements: int = MAX_LOGIT_ELEMENTS  # fp32 logits alive at once in the lenses
     skip_special_tokens: bool = False  # drop special tokens (Gemma's <bos>) from every per-token statistic
     weight_noise: float = 0.0        # ε > 0 adds N(0, (ε·std W)²) to every weight matrix (seeded): the sensitivity
-                                     # of the numbers to a second quantisation-sized perturbation (issue 9)
+                                     # of the numbers to a second quantisation-sized perturbation
 
     def validate(self) -> "ProbeConfig":
         if self.max_length < 2:

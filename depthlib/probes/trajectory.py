@@ -3,7 +3,7 @@
 Each valid token has an angle trajectory (θ_0, …, θ_{L−1}). The paper (Fig. 2b) runs PCA over all
 tokens and finds two clusters: 99.6 % near an ideal "updated evenly in the middle" trajectory and 0.4 %,
 mostly document-initial tokens, near "stops updating early". The exact ideal vectors and cluster rule
-are not published; our construction (spec §2.7 item 2, recommended):
+are not published; our construction (our reading of paper App. A):
 
 * both ideals share the empirical mean first and last angles (θ_0, θ_{L−1});
 * **evenly**: every middle angle equals the empirical middle-layer mean;

@@ -1,4 +1,4 @@
-"""Analysis of toy sweeps: α_ℓ fits and hidden-state signatures (paper §4, spec §4.8 and §2.4).
+"""Analysis of toy sweeps: α_ℓ fits and hidden-state signatures (paper §4, App. C).
 
 * α_ℓ: least-squares fit of log(test loss) against log(depth), L = c·ℓ^(−α_ℓ), per replicate (no offset:
   the teacher is realisable). Replicates are then averaged; the interval is a t-interval over replicates,
@@ -9,7 +9,7 @@
 * Signatures of a trained network's residual stream h_0..h_ℓ (the LLM probes' quantities, paper §2):
   per-layer step angle θ(h_l, h_{l+1}), step size ‖Δh_l‖/‖h_l‖, and the angle between successive
   updates θ(Δh_l, Δh_{l+1}) (≈ π/2: ensemble averaging; ≈ 0: smooth, procedural dynamics).
-* The long-lag signature cos(Δh_l, Δh_{l+k}) for k up to the middle's length (issue 11): a shared drift keeps
+* The long-lag signature cos(Δh_l, Δh_{l+k}) for k up to the middle's length: a shared drift keeps
   it positive at large k even when neighbouring updates look nearly orthogonal; an ensemble gives ≈ 0.
 """
 from __future__ import annotations
@@ -159,7 +159,7 @@ def describe_regimes(summary: pd.DataFrame) -> list[str]:
     θ(Δh_l, Δh_{l+1}), their long-lag cosine (both averaged over temperatures and depths) and the slope of the
     middle-layer step angle against depth, read against the two reference regimes (paper §1 and §2.7).
     Nearly orthogonal neighbours alone do not make an ensemble: a shared drift shows as a long-lag cosine
-    well above 0 (issue 11), so "ensemble averaging" needs θ(Δh) > 1.2 rad *and* a long-lag cosine < 0.1."""
+    well above 0, so "ensemble averaging" needs θ(Δh) > 1.2 rad *and* a long-lag cosine < 0.1."""
     stu = summary[summary["net"] == "student"]
     lines = []
     for rho, g in stu.groupby("rho"):

@@ -1,4 +1,4 @@
-"""One batched engine that trains many toy students at once (paper App. C; speed plan in toy-performance.md).
+"""One batched engine that trains many toy students at once (paper App. C; its speed: benchmarks/bench_toy.py).
 
 What is batched:
 
@@ -15,7 +15,7 @@ What is batched:
 The backward pass is written by hand (no autograd): per unit three batched matmuls forward and four
 backward. Adam runs on one flat buffer holding every parameter of every student, with the same
 arithmetic as ``torch.optim.Adam`` (single-tensor path). On the CPU, students are processed in chunks of
-a few models so the activations stay in cache (toy-performance.md §3); on CUDA one chunk holds everybody.
+a few models so the activations stay in cache (measured on this project's 2-core machines); on CUDA one chunk holds everybody.
 
 Reproducibility: all randomness comes from per-stream generators seeded by the caller, so a run is bit
 for bit reproducible on one device, and a student's trajectory does not depend on who shares its batch
@@ -348,7 +348,7 @@ class BatchedStudents:
         return self._inverse_index
 
     def _adam(self) -> None:
-        """Adam (spec §4.4: default betas, eps 1e-8, no weight decay) with PyTorch's fused kernel, one call
+        """Adam (paper App. C: default betas, eps 1e-8, no weight decay) with PyTorch's fused kernel, one call
         per learning-rate group (students of one depth); the lr follows the variant's schedule."""
         beta1, beta2 = self.train.betas
         sched = self.train.schedule(self.step_count, self.total_steps)
@@ -358,7 +358,7 @@ class BatchedStudents:
                                beta2=beta2, weight_decay=0.0, eps=self.train.eps, amsgrad=False, maximize=False)
 
     def evaluate(self) -> torch.Tensor:
-        """Test loss (K,) in the caller's order: mean over the held-out batches (spec §4.4: 10 × 1024)."""
+        """Test loss (K,) in the caller's order: mean over the held-out batches (paper App. C: 10 × 1024)."""
         self._set_tf32()
         with torch.no_grad():
             if self._test_targets is None:

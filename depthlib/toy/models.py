@@ -9,7 +9,7 @@ Both networks are stacks of residual MLP blocks on a width-32 stream::
 RMSNorm has no gain and PyTorch's default eps (the dtype's machine epsilon).
 
 The teacher (depth ℓ* = 128) has every W_down scaled by 1/√ℓ*. Its layers are drawn with a continuous
-correlation ρ ∈ [0, 1] (an extension, spec §4.2 [I])::
+correlation ρ ∈ [0, 1] (an extension, paper App. C)::
 
     W_l = √ρ · W_shared + √(1−ρ) · W_l^indep
 
@@ -20,7 +20,7 @@ different ρ are one continuous family (common random numbers across the phase d
 
 Correlated layers add up coherently, so the total displacement ‖h_ℓ* − h_0‖ grows about tenfold from ρ = 0 to
 ρ = 1 and a ρ sweep mixes "how smooth" with "how far". ``normalise=True`` rescales W_down of a teacher so its
-mean displacement equals that of the ρ = 0 teacher of the same seed (issue 11; an extension, not the paper's).
+mean displacement equals that of the ρ = 0 teacher of the same seed (an extension, not the paper's).
 
 This file holds the *definitions*: weight containers, initialisation, the training variants, and plain
 ``nn.Module`` versions used as the one-student-at-a-time reference (tests, benchmark). The fast batched
@@ -43,7 +43,7 @@ from depthlib.errors import InputError
 # ---- sizes and training variants ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class ToyShape:
-    """Network sizes (spec §4.1). Defaults are the paper's; tests shrink them."""
+    """Network sizes (paper App. C). Defaults are the paper's; tests shrink them."""
 
     d_model: int = 32        # residual width m: the paper's toy uses 32
     d_mlp: int = 128         # MLP hidden width 4m
@@ -53,7 +53,7 @@ class ToyShape:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How students are trained (spec §4.4, §4.6). Build one with :func:`variant`."""
+    """How students are trained (paper App. C). Build one with :func:`variant`."""
 
     loss: Literal["kl", "mse"] = "kl"                   # KL on tempered logits (exp-9/9-1/9-3) or MSE on RMSNorm(h_ℓ)
     head: Literal["trained", "fixed", "none"] = "trained"  # exp-9: own zero-init head; exp-9-3: teacher's fixed head
@@ -71,7 +71,7 @@ class TrainConfig:
         return self.lr * self.lr_depth_factor / math.sqrt(depth)
 
     def schedule(self, step: int, total_steps: int) -> float:
-        """Multiplier of the base lr at 0-based ``step`` (spec §4.4: constant, then linear decay to 10 %)."""
+        """Multiplier of the base lr at 0-based ``step`` (paper App. C: constant, then linear decay to 10 %)."""
         if self.decay_frac <= 0:
             return 1.0
         n_decay = self.decay_frac * total_steps
@@ -81,7 +81,7 @@ class TrainConfig:
         return self.decay_to + (1 - self.decay_to) * (total_steps - step) / n_decay
 
 
-#: The paper's variants (spec §4.6). ``exp-9`` and ``exp-9-1`` differ only in the teacher's ρ.
+#: The paper's variants (paper App. C). ``exp-9`` and ``exp-9-1`` differ only in the teacher's ρ.
 VARIANTS: dict[str, TrainConfig] = {
     "exp-9": TrainConfig(loss="kl", head="trained"),
     "exp-9-decay": TrainConfig(loss="kl", head="trained", decay_frac=0.2),  # exp-9 + final decay (CPU budget)
@@ -120,7 +120,7 @@ def _uniform(shape, bound: float, g: torch.Generator) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
-    """RMSNorm without gain, eps = machine epsilon of the dtype (PyTorch's default; spec §4.1)."""
+    """RMSNorm without gain, eps = machine epsilon of the dtype (PyTorch's default; paper App. C)."""
     return F.rms_norm(x, (x.shape[-1],))
 
 
@@ -149,7 +149,7 @@ class TeacherWeights:
 
 
 def make_teacher(rho: float, seed: int, shape: ToyShape = ToyShape(), *, normalise: bool = False) -> TeacherWeights:
-    """The teacher with layer correlation ``rho`` (spec §4.2 + the ρ interpolation).
+    """The teacher with layer correlation ``rho`` (paper App. C + the ρ interpolation).
 
     The raw draws (shared and per-layer) depend only on ``seed``; ``rho`` only mixes them. At ρ = 0 the
     mix is exactly the independent draws, at ρ = 1 exactly the shared draw in every layer. W_down is then
@@ -235,7 +235,7 @@ class StudentWeights:
 def init_student(depth: int, seed: int, train: TrainConfig, shape: ToyShape = ToyShape(),
                  fixed_head: torch.Tensor | None = None) -> StudentWeights:
     """Default init, then W_down = 0 (the student starts as the identity map) and, for exp-9/9-1, head = 0
-    (uniform initial predictions). exp-9-3 students get the teacher's fixed head (spec §4.3)."""
+    (uniform initial predictions). exp-9-3 students get the teacher's fixed head (paper App. C)."""
     d, H, V = shape.d_model, shape.d_mlp, shape.vocab
     M = depth * (2 if train.block == "rk2" else 1)
     g = _generator(seed)

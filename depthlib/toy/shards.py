@@ -1,4 +1,4 @@
-"""A toy sweep as shards (issue 14): one shard per teacher correlation ρ (its teachers, every temperature and
+"""A toy sweep as shards: one shard per teacher correlation ρ (its teachers, every temperature and
 replicate, all their students), each its own resumable run, merged into the run the serial sweep would make.
 
 Why the merge is exact: every student's initial weights, data stream and teacher come from seeds derived from its own

@@ -1,4 +1,4 @@
-"""Profiles and resumable, cached toy sweeps (paper §4.5; issue 3 "Honest scale").
+"""Profiles and resumable, cached toy sweeps (paper §4, App. C).
 
 A sweep trains every (ρ, T) cell × replicate × depth in one :class:`~depthlib.toy.engine.BatchedStudents`
 and writes, as it goes, one tidy table per evaluation step (``curve_0001000`` ...: rho, temperature,
@@ -41,7 +41,7 @@ CODE = ("depthlib.toy.models", "depthlib.toy.engine", "depthlib.toy.sweep", "dep
 #: Deepest student or teacher accepted (the paper goes to 128; memory grows linearly with depth).
 MAX_DEPTH = 4096
 TEACHER_NORMS = ("paper", "displacement")
-PAPER_TEMPERATURES = tuple(float(f"{t:.4g}") for t in np.logspace(-2, 0, 16))  # spec §4.2
+PAPER_TEMPERATURES = tuple(float(f"{t:.4g}") for t in np.logspace(-2, 0, 16))  # paper App. C
 
 
 def grid(rhos, temperatures) -> tuple[tuple[float, float], ...]:
@@ -129,7 +129,7 @@ def build_engine(cfg: SweepConfig, device: str = "cpu", chunk: int | None = None
                 rows.append({"rho": rho, "temperature": temp, "replicate": r, "depth": int(depth)})
     dev = resolve_device(device)
     if chunk is None:
-        chunk = 4 if dev.type == "cpu" else 0      # CPU: cache blocking (toy-performance.md §3); GPU: all at once
+        chunk = 4 if dev.type == "cpu" else 0      # CPU: cache blocking (measured fastest here); GPU: all at once
     eng = BatchedStudents(teachers, specs, train, cfg.steps, streams=streams,
                           data_seeds=[derive_seed(cfg.seed, "data", r) for r in range(cfg.replicates)],
                           test_seeds=[derive_seed(cfg.seed, "test", r) for r in range(cfg.replicates)],

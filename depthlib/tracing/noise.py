@@ -1,4 +1,4 @@
-"""The corruption of causal tracing: Gaussian noise at the subject tokens and its scale σ (spec §6, anchors §A2).
+"""The corruption of causal tracing: Gaussian noise at the subject tokens and its scale σ (paper Fig. 6, anchors §A2).
 
 Presets of σ (``TraceConfig.noise``):
 
@@ -29,7 +29,7 @@ NOISE_PRESETS = ("rome", "paper")
 
 @torch.no_grad()
 def embedding_matrix_std(model) -> float:
-    """Std of all entries of the embedding matrix *as the model applies it* (the paper's σ, spec §6).
+    """Std of all entries of the embedding matrix *as the model applies it* (the σ of paper Fig. 6).
 
     Runs the embedding module over the whole vocabulary in chunks (Gemma's √d scale is inside the
     module), accumulating in float64.

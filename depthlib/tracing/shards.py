@@ -1,4 +1,4 @@
-"""Chapter 4's causal-tracing run as jobs of an executor (issue 14), merged into the run one process would make.
+"""Chapter 4's causal-tracing run as jobs of an executor, merged into the run one process would make.
 
 Two rounds of units, each its own resumable run under the experiment ``tracing-shards``:
 
