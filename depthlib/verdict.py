@@ -219,7 +219,7 @@ def _chapter1(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     except Exception:  # noqa: BLE001 - no CSV here: the chapter's rows are then not tested
         return {}
     run = _select(chapter.EXPERIMENT, profile,
-                  lambda p: {**chapter.asdict(chapter.PROFILES[p]), "csv_sha256": sha} if p in chapter.PROFILES
+                  lambda p: {**chapter.PROFILES[p].to_dict(), "csv_sha256": sha} if p in chapter.PROFILES
                   else None, rerun)
     if run is None:
         return {}
@@ -292,11 +292,11 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                                    f"converged run ({CONVERGED_EXPERIMENT})")]
     else:
         cal = {}
-        for i, cfg in enumerate(chapter.CALIBRATION[profile]):
+        for i, cfg in enumerate(chapter.PROFILES[profile].calibration):
             kind = chapter.CALIBRATION_KINDS[cfg.cells[0][0]]
             run = _select(chapter.CALIBRATION_EXPERIMENT, profile,
-                          lambda p, i=i: chapter.CALIBRATION[p][i].to_dict() if p in chapter.CALIBRATION else None,
-                          rerun)
+                          lambda p, i=i: chapter.PROFILES[p].calibration[i].to_dict() if p in chapter.PROFILES
+                          else None, rerun)
             if run is not None:
                 cal[kind] = run
         if cal:
@@ -308,7 +308,8 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                         float(r["lo"]), float(r["hi"]), prof,
                                         f"toy-calibration run (no converged run yet): {int(r['steps']):,} steps, "
                                         "1 replicate, t interval of the fit")]
-    run = _select(chapter.EXPERIMENT, profile, chapter._expected, rerun)
+    run = _select(chapter.EXPERIMENT, profile,
+                  lambda p: chapter.PROFILES[p].sweep.to_dict() if p in chapter.PROFILES else None, rerun)
     if run is not None:
         summary = analysis.signature_summary(run.table("signatures"), run.table("lag_cos"))
         students = summary[(summary["net"] == "student") & (summary["rho"] == 0)]["theta_update"]
@@ -361,7 +362,8 @@ def _chapter5(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
 
 def _chapter6(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib.lm import analysis, chapter
-    run = _select(chapter.EXPERIMENT, profile, chapter._expected, rerun)
+    run = _select(chapter.EXPERIMENT, profile,
+                  lambda p: chapter.PROFILES[p].series.to_dict() if p in chapter.PROFILES else None, rerun)
     if run is None:
         return {}
     alpha, theta = analysis.fit_row(run, "alpha"), analysis.fit_row(run, "alpha_theta")
@@ -502,7 +504,8 @@ def reductions(profile: str = "cpu") -> list[str]:
     from depthlib.tracing import chapter as c4
     results.check_profile(profile)
     p1, p2, p3, p4, p5, p6 = (c.PROFILES[profile] for c in (c1, c2, c3, c4, c5, c6))
-    cal, cal_paper = c3.CALIBRATION[profile][0], c3.CALIBRATION["paper"][0]
+    cal, cal_paper = p3.calibration[0], c3.PROFILES["paper"].calibration[0]
+    conv = p3.converged
     q2 = c2.PROFILES["paper"]
     return [
         f"**1.** Not reduced: the paper's data (245 Chinchilla runs) and objective; {p1.n_bootstrap:,} converged "
@@ -512,13 +515,17 @@ def reductions(profile: str = "cpu") -> list[str]:
         f"{q2.n_docs:,} × {q2.config.max_length} tokens of FineWeb. Two unrelated models are not a depth series.",
         f"**3.** Calibration: {cal.steps:,} steps (paper {cal_paper.steps:,}), depths {list(cal.depths)} (paper "
         f"{list(cal_paper.depths)}), {cal.replicates} replicate(s) (paper {cal_paper.replicates}), T = 1 only; the "
-        f"phase diagram {p3.steps:,} steps × batch {p3.batch}, {p3.replicates} replicate(s).",
+        f"phase diagram {p3.sweep.steps:,} steps × batch {p3.sweep.batch}, {p3.sweep.replicates} replicate(s). The "
+        f"converged protocol: {len(conv.depths)} depths, the deepest student {conv.steps_deepest:,} steps × batch "
+        f"{conv.batch} (a depth-ℓ one up to {conv.max_step_factor:g}× more), several routes per student, "
+        f"{max(int(c[2]) for c in conv.cells)} replicate(s) at T = 1.",
         f"**4.** {', '.join(p4.models)}, {p4.n_facts} facts × {p4.samples} noise samples; the paper: Pythia-12b, "
         "one prompt, one noise draw.",
         f"**5.** {', '.join(p5.models)} and toy students, {p5.n_docs} documents × {p5.config.max_length} tokens "
         "(not in the paper).",
-        f"**6.** Width {p6.model.d_model}, depths {list(p6.depths)}, {p6.train.steps:,} steps × "
-        f"{p6.train.batch_size} × {p6.model.context} tokens per model, {len(p6.seeds)} seed(s) (not in the paper).",
+        f"**6.** Width {p6.series.model.d_model}, depths {list(p6.series.depths)}, {p6.series.train.steps:,} steps × "
+        f"{p6.series.train.batch_size} × {p6.series.model.context} tokens per model, {len(p6.series.seeds)} seed(s) "
+        "(not in the paper).",
     ]
 
 
