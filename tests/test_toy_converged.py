@@ -182,9 +182,9 @@ def test_best_routes_alpha_and_separation():
 
 def test_seeds_match_the_committed_calibration():
     """Replicate r of the protocol learns from the committed calibration's teacher r and is tested on its inputs."""
-    from depthlib.toy.chapter import CALIBRATION
+    from depthlib.toy.chapter import PROFILES
     from depthlib.toy.sweep import build_engine
-    cal = dataclasses.replace(CALIBRATION["smoke"][0], steps=1)
+    cal = dataclasses.replace(PROFILES["smoke"].calibration[0], steps=1)
     eng, _, teachers = build_engine(cal)
     t = make_teacher(1.0, derive_seed(cal.seed, "teacher", 0), cal.shape())
     torch.testing.assert_close(teachers[0].W_up, t.W_up, rtol=0, atol=0)
