@@ -53,6 +53,7 @@ class Measurement:
     hi: float | None = None
     profile: str | None = None
     note: str = ""
+    converged: bool = True      # False: from students or models still improving, which decides nothing
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class Row:
     def status(self) -> str:
         if not self.measurements:
             return "not tested here"
-        each = [status(self.claim.paper, self.claim.region, m.value, m.lo, m.hi) for m in self.measurements]
+        each = [status(self.claim.paper, self.claim.region, m.value, m.lo, m.hi) if m.converged
+                else "not reproduced" for m in self.measurements]
         return max(each, key=_WEAKNESS.__getitem__)
 
 
@@ -264,12 +266,15 @@ def _chapter2(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
 
 
 def _converged_summary(profile: str, rerun: bool) -> tuple[pd.DataFrame | None, str | None]:
-    """The converged calibration's ``alpha_summary`` (teacher, temperature, alpha, lo, hi, replicates) and its
-    profile, when a complete run of ``toy-converged`` exists."""
+    """The converged calibration's ``alpha_summary`` (teacher, temperature, alpha, lo, hi, replicates), with the
+    number of its fitted students that are converged (``n_converged`` of ``n_students``), and its profile, when a
+    complete run of ``toy-converged`` exists."""
     run = _select(CONVERGED_EXPERIMENT, profile, None, rerun)
     if run is None or CONVERGED_TABLE not in run.tables():
         return None, None
-    return run.table(CONVERGED_TABLE), run.profile
+    best = run.table("best")
+    counts = best.groupby(["teacher", "temperature"])["converged"].agg(n_converged="sum", n_students="size")
+    return run.table(CONVERGED_TABLE).merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile
 
 
 def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
@@ -283,13 +288,17 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                 r = t.loc[t["temperature"].idxmax()]
                 out[key] = [Measurement(f"toy, {teacher} teacher, T = {r['temperature']:g}", float(r["alpha"]),
                                         float(r["lo"]), float(r["hi"]), conv_profile,
-                                        f"converged run ({CONVERGED_EXPERIMENT}), {int(r['replicates'])} replicate(s)")]
+                                        f"converged-loss protocol, {int(r['replicates'])} replicate(s); "
+                                        f"{int(r['n_converged'])} of {int(r['n_students'])} students converged",
+                                        converged=bool(r["n_converged"] == r["n_students"]))]
         tied = conv[conv["teacher"] == "tied"]
         if len(tied):
             r = tied.loc[tied["temperature"].idxmin()]
             out["low_t_incomplete"] = [Measurement(f"toy, tied teacher, T = {r['temperature']:g}", float(r["alpha"]),
                                                    float(r["lo"]), float(r["hi"]), conv_profile,
-                                                   f"converged run ({CONVERGED_EXPERIMENT})")]
+                                                   f"converged-loss protocol; {int(r['n_converged'])} of "
+                                                   f"{int(r['n_students'])} students converged",
+                                                   converged=bool(r["n_converged"] == r["n_students"]))]
     else:
         cal = {}
         for i, cfg in enumerate(chapter.PROFILES[profile].calibration):
@@ -469,6 +478,7 @@ RULE_TEXT = ("**How a status is decided.** Each claim holds *qualitatively* in a
              "`depthlib.verdict`). A 95 % interval wholly outside the region: **contradicted**; reaching outside "
              "it: **not reproduced** (the run cannot decide); inside it and containing the paper's value: "
              "**reproduced**; inside it but missing the paper's value: **partly**; no run: **not tested here**. "
+             "A number from students or models that are still improving decides nothing: **not reproduced**. "
              "A row over several models shows the weakest status.")
 
 

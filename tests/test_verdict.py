@@ -90,10 +90,15 @@ def test_middle_update_angle():
     assert mean == pytest.approx(1.5) and se == pytest.approx(0.04)
 
 
-def _converged_run(root, rows):
+def _converged_run(root, rows, unconverged=()):
+    """A synthetic converged-protocol run: its α table and a ``best`` table of 3 students per cell, every one
+    converged except in the (teacher, temperature) cells listed in ``unconverged``."""
     run = results.open_run(verdict.CONVERGED_EXPERIMENT, {"synthetic": True}, root=root)
     run.path.mkdir(parents=True, exist_ok=True)
     run.write_table(verdict.CONVERGED_TABLE, pd.DataFrame(rows))
+    run.write_table("best", pd.DataFrame([dict(teacher=r["teacher"], temperature=r["temperature"], depth=d,
+                                               converged=(r["teacher"], r["temperature"]) not in unconverged)
+                                          for r in rows for d in (6, 12, 24)]))
     run.finish(profile="cpu", seed=0, wall_time_s=1.0, code=["depthlib.measures"])
     return run
 
@@ -111,6 +116,19 @@ def test_chapter3_prefers_a_converged_run(tmp_path, monkeypatch):
     rows_out = {r.claim.key: r for r in verdict.verdict("cpu", rerun=True, chapters=[3])}
     assert rows_out["tied_alpha"].status == "reproduced"
     assert rows_out["low_t_incomplete"].status == "partly"
+
+
+def test_unconverged_students_decide_nothing(tmp_path, monkeypatch):
+    """A value from students still improving is 'not reproduced' (cannot decide), whatever its interval says."""
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    rows = [dict(teacher="tied", temperature=0.01, alpha=1.4, lo=1.0, hi=1.8, replicates=1),
+            dict(teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3),
+            dict(teacher="independent", temperature=1.0, alpha=1.05, lo=0.9, hi=1.2, replicates=3)]
+    _converged_run(results.paths.local_results_dir(), rows, unconverged=[("tied", 0.01)])
+    rows_out = {r.claim.key: r for r in verdict.verdict("cpu", rerun=True, chapters=[3])}
+    assert rows_out["low_t_incomplete"].status == "not reproduced"       # the interval alone says "contradicted"
+    assert "0 of 3 students converged" in rows_out["low_t_incomplete"].measurements[0].note
+    assert rows_out["tied_alpha"].status == "reproduced"
 
 
 def test_without_runs_every_row_is_not_tested(tmp_path, monkeypatch):
