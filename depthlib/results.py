@@ -170,13 +170,15 @@ def _imported_modules(module: str) -> set[str]:
     return out - {module}
 
 
-def compute_modules(*entries: str) -> tuple[str, ...]:
+def compute_modules(*entries: str | Sequence[str]) -> tuple[str, ...]:
     """The modules whose code decides the numbers of a run computed by ``entries`` (dotted names, a module or
-    ``module:function``): the entry modules and, transitively, the depthlib modules they import, restricted to
-    modules that compute (:func:`is_glue` ones are neither counted nor followed, except an entry itself, whose
-    imports are followed). This is what a run's manifest records under ``code_modules`` and fingerprints."""
+    ``module:function``, or a tuple of them where a run's numbers come from several functions): the entry modules
+    and, transitively, the depthlib modules they import, restricted to modules that compute (:func:`is_glue` ones
+    are neither counted nor followed, except an entry itself, whose imports are followed). This is what a run's
+    manifest records under ``code_modules`` and fingerprints."""
+    flat = [e for entry in entries for e in ((entry,) if isinstance(entry, str) else entry)]
     found: set[str] = set()
-    todo: list[tuple[str, bool]] = [(e.split(":")[0], True) for e in entries]
+    todo: list[tuple[str, bool]] = [(e.split(":")[0], True) for e in flat]
     seen: set[str] = set()
     while todo:
         module, entry = todo.pop()
