@@ -214,7 +214,7 @@ def test_slurm_without_slurm_fails_before_touching_a_run(cache, capsys, monkeypa
 
     def never(*a, **k):
         raise AssertionError("lm-depth started (and --force deleted) the run before the executor was checked")
-    monkeypatch.setattr(chapter, "train", never)
+    monkeypatch.setattr(chapter, "compute", never)
     for argv in (["lm-depth", "--force"], ["toy"], ["probe", "--model", "x/y"]):
         assert main([*argv, "--executor", "submitit", "--cluster", "slurm"]) == 1
         line = _one_line(capsys.readouterr().err)
@@ -263,7 +263,7 @@ def test_trace_profile_rejects_what_a_profile_does_not_take(cache, capsys, monke
 
     def never(*a, **k):
         raise AssertionError("traced before rejecting the options")
-    monkeypatch.setattr(chapter, "compute_chapter", never)
+    monkeypatch.setattr(chapter, "compute", never)
     argv = ["trace", "--profile", "smoke", "--force", "--samples", "50", "--noise", "99", "--kind", "attn", "--seed",
             "7", "--dtype", "float16", "--window", "3"]
     assert main(argv) == 2
@@ -276,7 +276,7 @@ def test_trace_profile_rejects_what_a_profile_does_not_take(cache, capsys, monke
 
 def test_trace_profile_checks_the_model_before_tracing(tmp_path, cache, capsys, monkeypatch):
     from depthlib.tracing import chapter
-    monkeypatch.setattr(chapter, "compute_chapter", lambda *a, **k: pytest.fail("traced before checking --model"))
+    monkeypatch.setattr(chapter, "compute", lambda *a, **k: pytest.fail("traced before checking --model"))
     a_file = tmp_path / "notes.txt"
     a_file.write_text("not a model")
     assert main(["trace", "--profile", "smoke", "--model", str(a_file)]) == 2
