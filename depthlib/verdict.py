@@ -82,8 +82,9 @@ class Row:
     def status(self) -> str:
         if not self.measurements:
             return "not tested here"
-        each = [status(self.claim.paper, self.claim.region, m.value, m.lo, m.hi) if m.converged
-                else "not reproduced" for m in self.measurements]
+        each = [status(self.claim.paper, self.claim.region, m.value, m.lo, m.hi)
+                if m.converged and m.lo is not None and m.hi is not None else "not reproduced"
+                for m in self.measurements]
         return max(each, key=_WEAKNESS.__getitem__)
 
 
@@ -478,7 +479,8 @@ RULE_TEXT = ("**How a status is decided.** Each claim holds *qualitatively* in a
              "`depthlib.verdict`). A 95 % interval wholly outside the region: **contradicted**; reaching outside "
              "it: **not reproduced** (the run cannot decide); inside it and containing the paper's value: "
              "**reproduced**; inside it but missing the paper's value: **partly**; no run: **not tested here**. "
-             "A number from students or models that are still improving decides nothing: **not reproduced**. "
+             "A number from students or models that are still improving, or a number without an interval, decides "
+             "nothing: **not reproduced**. "
              "A row over several models shows the weakest status.")
 
 

@@ -118,6 +118,12 @@ def test_chapter3_prefers_a_converged_run(tmp_path, monkeypatch):
     assert rows_out["low_t_incomplete"].status == "partly"
 
 
+def test_a_number_without_an_interval_decides_nothing():
+    claim = verdict.CLAIMS[0]
+    assert verdict.Row(claim, [verdict.Measurement("a", 5.0)]).status == "not reproduced"     # would be contradicted
+    assert verdict.Row(claim, [verdict.Measurement("a", 1.2, 1.0, 1.4)]).status == "reproduced"
+
+
 def test_unconverged_students_decide_nothing(tmp_path, monkeypatch):
     """A value from students still improving is 'not reproduced' (cannot decide), whatever its interval says."""
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
