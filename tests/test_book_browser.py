@@ -124,8 +124,11 @@ def _toc_files() -> list[str]:
 #: For every plotly figure on a page: how many marks it draws (points, line and fill paths with real coordinates,
 #: bars, heat-map images, text). A figure with traces but no mark is an empty axis (e.g. category strings on a
 #: linear axis).
-MARKS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
-  const marks = [...gd.querySelectorAll('.cartesianlayer .plot *, .polarlayer *, .ternarylayer *')].filter(el => {
+MARKS_JS = """() => { const TRACE_LAYERS = ['scatterlayer', 'barlayer', 'boxlayer', 'violinlayer', 'heatmaplayer',
+      'contourlayer', 'imagelayer', 'funnellayer', 'waterfalllayer'].map(c => '.cartesianlayer .' + c + ' *')
+      .concat(['.polarlayer .trace *', '.ternarylayer .trace *']).join(', ');
+  return [...document.querySelectorAll('.js-plotly-plot')].map(gd => {
+  const marks = [...gd.querySelectorAll(TRACE_LAYERS)].filter(el => {
     const tag = el.tagName.toLowerCase();
     if (tag === 'path') { const d = el.getAttribute('d') || ''; return d.length > 2 && !d.includes('NaN'); }
     if (tag === 'image' || tag === 'text' || tag === 'rect') {
@@ -134,7 +137,7 @@ MARKS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => 
     return false;
   });
   return marks.length;
-})"""
+}); }"""
 
 
 def test_intro_page(built_book, browser):
@@ -166,7 +169,8 @@ def test_intro_verdict_has_a_row_per_claim_with_a_status(built_book, browser):
         .map(tr => [...tr.querySelectorAll('td')].map(td => td.innerText.trim()))""")
     assert len(rows) == len(verdict.CLAIMS), f"{len(rows)} verdict rows for {len(verdict.CLAIMS)} claims"
     for claim, row in zip(verdict.CLAIMS, rows):
-        assert row[0].startswith(claim.claim), (claim.claim, row[0])
+        shown = row[0].replace("\u2019", "'")          # Sphinx's smart quotes turn ' into ’ in the page
+        assert shown.startswith(claim.claim), (claim.claim, row[0])
         assert row[4] in verdict.STATUSES, f"row {claim.key} has status {row[4]!r}"
     # the first screen shows the verdict, and a smoke build says its numbers are placeholders
     top = page.evaluate("() => document.querySelector('div.verdict').getBoundingClientRect().top")
