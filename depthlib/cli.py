@@ -200,10 +200,7 @@ def _cmd_toy(args) -> dict[str, Any]:
         return _toy_converged(args)
     executor = _executor_config(args)
     if args.calibration is not None:
-        changed = [f"--{k}" for k in ("rho", "temperature", "depths", "steps", "replicates", "variant")
-                   if getattr(args, k) is not None]
-        if changed:
-            raise InputError(f"--calibration runs a profile's fixed settings; drop {', '.join(changed)}")
+        _fixed_settings(args, "--calibration")
         if args.calibration == "both":
             return _toy_calibration_both(args, executor)
         cfg, experiment = chapter.calibration_config(args.profile, args.calibration), chapter.CALIBRATION_EXPERIMENT
@@ -225,13 +222,18 @@ def _cmd_toy(args) -> dict[str, Any]:
     return out
 
 
+def _fixed_settings(args, what: str, values: tuple = (), switches: tuple = ()) -> None:
+    """``what`` runs a profile's fixed settings: one line naming every toy setting flag that was given."""
+    given = [f"--{k}" for k in ("rho", "temperature", "depths", "steps", "replicates", "variant", *values)
+             if getattr(args, k) is not None] + [f"--{k}" for k in switches if getattr(args, k)]
+    if given:
+        raise InputError(f"{what} runs a profile's fixed settings; drop {', '.join(given)}")
+
+
 def _toy_converged(args) -> dict[str, Any]:
     """Chapter 3's converged-loss protocol for a profile (depthlib.toy.converged): α_ℓ per teacher and T."""
     from depthlib.toy import chapter
-    changed = [f"--{k}" for k in ("rho", "temperature", "depths", "steps", "replicates", "variant", "calibration")
-               if getattr(args, k) is not None] + (["--force"] if args.force else []) + (["--tf32"] if args.tf32 else [])
-    if changed:
-        raise InputError(f"--protocol converged runs a profile's fixed settings; drop {', '.join(changed)}")
+    _fixed_settings(args, "--protocol converged", ("calibration",), ("force", "tf32"))
     executor = _executor_config(args) if args.executor != "serial" else None
     run = chapter.converged_run(args.profile, args.device, executor=executor)
     return {"profile": args.profile, "meaningful": args.profile != "smoke", **chapter.summary(run)}
