@@ -205,16 +205,22 @@ def code_fingerprint(modules: Sequence[str]) -> str:
 
 def git_state() -> tuple[str | None, bool | None]:
     """(short commit, working tree dirty?) of the checkout, or (None, None) outside one."""
+    sha, edited = git_edits()
+    return sha, (bool(edited) if sha else None)
+
+
+def git_edits() -> tuple[str | None, list[str]]:
+    """(short commit, the package's files with uncommitted edits) of the checkout, or (None, []) outside one."""
     if not paths.in_checkout():
-        return None, None
+        return None, []
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=paths.REPO_ROOT,
                              capture_output=True, text=True, timeout=5).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "depthlib"],
-                               cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=5).stdout.strip() != ""
-        return sha, dirty if sha else None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "depthlib"],
+                                cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=5).stdout
+        return sha, sorted(line[3:].strip() for line in status.splitlines() if line.strip())
     except (OSError, subprocess.SubprocessError):
-        return None, None
+        return None, []
 
 
 def environment_versions() -> dict[str, str]:
@@ -419,7 +425,8 @@ class Run:
         or modules) that computed it, and the manifest records the modules derived from them (:func:`compute_modules`)
         with their fingerprint."""
         modules = compute_modules(*code)
-        sha, dirty = git_state()
+        sha, edited = git_edits()
+        dirty = bool(edited) if sha else None
         manifest = {
             "experiment": self.experiment,
             "key": self.key,
@@ -431,6 +438,7 @@ class Run:
             "device": device_description(device),
             "git_sha": sha,
             "git_dirty": dirty,
+            **({"git_edited_files": edited} if edited else {}),
             "code_entries": sorted(set(code)),
             "code_modules": list(modules),
             "code_fingerprint": code_fingerprint(modules),
@@ -805,9 +813,12 @@ def commit_run(run: Run, dest: Path | None = None, omit: Sequence[str] = ()) -> 
 def provenance(run: Run) -> str:
     """One line for a chapter's text: profile, device, commit, fingerprint, date, wall time, where it came from."""
     m = run.manifest
-    # a dirty tree at compute time: the commit alone does not name the code, the code fingerprint does
-    commit = (m.get("git_sha") or "unknown") + (" with local edits (the code fingerprint identifies the computing "
-                                                 "code)" if m.get("git_dirty") else "")
+    commit = m.get("git_sha") or "unknown"
+    if m.get("git_dirty"):
+        # a dirty tree at compute time: the commit alone does not name the code; say which commit holds it
+        commit += (f" with local edits; its computing code is commit {m['code_commit'][:7]}'s" if m.get("code_commit")
+                   else f" with local edits to {', '.join(m['git_edited_files'])}" if m.get("git_edited_files")
+                   else " with local edits (the code fingerprint identifies the computing code)")
     where = "committed run" if run.committed else "computed on this machine"
     return (f"profile `{m.get('profile')}` · {m.get('device')} · commit {commit} · code {m.get('code_fingerprint')}"
             f" · {m.get('created')} · wall time {m.get('wall_time_s', 0):.0f} s · {where} ({run.experiment}/{run.key})")
@@ -883,8 +894,43 @@ def restamp(run: Run, *, write: bool = True) -> tuple[str, str]:
                                       if set(old) - set(derived) else "")
 
 
+def code_commit(run: Run) -> str | None:
+    """The first commit, from the run's own on, whose code of the run's computing modules has the run's code
+    fingerprint: the commit that holds the code of a run computed from a tree with local edits (None if none does)."""
+    m = run.manifest
+    sha, modules = m.get("git_sha"), sorted(set(m.get("code_modules") or []))
+    if not sha or not modules or not paths.in_checkout():
+        return None
+    later = subprocess.run(["git", "rev-list", "--reverse", "--ancestry-path", f"{sha}..HEAD"], cwd=paths.REPO_ROOT,
+                           capture_output=True, text=True).stdout.split()
+    for commit in [sha, *later]:
+        h = hashlib.sha256()
+        for module in modules:
+            digest = _digest_at(commit, module)
+            if digest is None:
+                break
+            h.update(f"{module}:{digest}\n".encode())
+        else:
+            if h.hexdigest()[:12] == m.get("code_fingerprint"):
+                return subprocess.run(["git", "rev-parse", "--short=12", commit], cwd=paths.REPO_ROOT,
+                                      capture_output=True, text=True).stdout.strip()
+    return None
+
+
+def locate(run: Run) -> str | None:
+    """Record in a run computed from a tree with local edits the commit that holds its computing code
+    (:func:`code_commit`), so its provenance names it; returns that commit."""
+    found = code_commit(run)
+    if found and run.manifest.get("code_commit") != found:
+        m = {**run.manifest, "code_commit": found}
+        text = json.dumps(m, indent=2, sort_keys=True, default=str, allow_nan=False)
+        atomic_write(run.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
+    return found
+
+
 USAGE = ("usage: python -m depthlib.results commit RUN_FOLDER [RUN_FOLDER ...]\n"
-         "       python -m depthlib.results restamp [--dry-run] [RUN_FOLDER ...]   (default: every committed run)")
+         "       python -m depthlib.results restamp [--dry-run] [RUN_FOLDER ...]   (default: every committed run)\n"
+         "       python -m depthlib.results locate [RUN_FOLDER ...]   (default: committed runs made with local edits)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -892,6 +938,21 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m depthlib.results restamp`` moves committed runs to the derived code rule (:func:`restamp`) and prints
     one line per run: derived, restamped or recompute, with the reason."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["locate"]:
+        folders = [Path(a) for a in argv[1:]]
+        if not folders:
+            root = paths.committed_results_dir()
+            folders = sorted(p.parent for p in root.glob("*/*/manifest.json")) if root is not None else []
+        missing = 0
+        for path in folders:
+            run = Run.load(path)
+            if not run.manifest.get("git_dirty"):
+                continue
+            found = locate(run)
+            missing += found is None
+            print(f"{path.parent.name}/{path.name}: computed at {run.manifest.get('git_sha')} with local edits; "
+                  + (f"its code is commit {found}'s" if found else "no commit holds its code: recompute it"))
+        return 1 if missing else 0
     if argv[:1] == ["restamp"]:
         dry = "--dry-run" in argv
         folders = [Path(a) for a in argv[1:] if a != "--dry-run"]

@@ -75,6 +75,23 @@ def test_committed_run_is_fresh_and_intact(manifest):
     assert sum(p.stat().st_size for p in run.path.iterdir()) < 4_000_000, "a committed run should be a few MB at most"
 
 
+@pytest.mark.parametrize("manifest", COMMITTED, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_committed_run_made_with_local_edits_names_the_commit_holding_its_code(manifest):
+    """A run computed from a tree with uncommitted edits carries ``code_commit`` (``python -m depthlib.results
+    locate``): a commit whose code of the run's computing modules has the run's fingerprint, so the provenance line
+    points a reader at the exact code instead of "uncommitted changes"."""
+    run = results.Run.load(manifest.parent)
+    if not run.manifest.get("git_dirty"):
+        pytest.skip("computed from a clean tree: its commit holds its code")
+    recorded = run.manifest.get("code_commit")
+    assert recorded, f"{manifest.parent}: run `python -m depthlib.results locate {manifest.parent}`"
+    found = results.code_commit(run)
+    if found is None and not paths.in_checkout():
+        pytest.skip("no git history here to check the recorded commit against")
+    assert found == recorded
+    assert f"computing code is commit {recorded[:7]}'s" in results.provenance(run)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("manifest", COMMITTED, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
 def test_committed_run_replays(manifest):
