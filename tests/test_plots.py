@@ -1,7 +1,8 @@
 """The shared plot style: log axes labelled at decades, the placeholder box of smoke runs, the forest plot's
-category axis."""
+category axis, and the check that refuses a figure a reader cannot read."""
 import pandas as pd
 import plotly.graph_objects as go
+import pytest
 
 from depthlib import plots
 
@@ -58,3 +59,28 @@ def test_run_note_shows_the_placeholder_box_for_smoke_runs(monkeypatch):
     FakeRun.profile = "cpu"
     plots.run_note(FakeRun())
     assert not any("Placeholder" in s for s in shown)
+
+
+def test_figure_problems_names_what_keeps_a_reader_from_reading_a_figure():
+    good = go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name="a"))
+    good.update_layout(xaxis_title="depth ℓ (blocks)", yaxis_title="loss (nats/token)")
+    assert plots.figure_problems(good) == []
+    empty = go.Figure(go.Scatter(x=[], y=[]))
+    empty.update_layout(xaxis_title="x (units)", yaxis_title="y (units)")
+    assert plots.figure_problems(empty) == ["no trace has data"]
+    untitled = go.Figure(go.Scatter(x=[1], y=[1]))
+    assert plots.figure_problems(untitled) == ["no x axis has a title", "no y axis has a title"]
+    crowded = go.Figure([go.Scatter(x=[1], y=[i], name=str(i)) for i in range(plots.MAX_LEGEND_ENTRIES + 1)])
+    crowded.update_layout(xaxis_title="x (units)", yaxis_title="y (units)")
+    assert "legend entries" in plots.figure_problems(crowded)[0]
+    # hidden slider groups and traces kept out of the legend do not count
+    for i, t in enumerate(crowded.data):
+        t.visible = i < 3
+    assert plots.figure_problems(crowded) == []
+
+
+def test_show_refuses_a_figure_a_reader_cannot_read():
+    with pytest.raises(ValueError, match="no x axis has a title"):
+        plots.show(go.Figure(go.Scatter(x=[1], y=[1])), "a caption")
+    with pytest.raises(ValueError, match="caption"):
+        plots.show(go.Figure(go.Scatter(x=[1], y=[1])), " ")

@@ -118,11 +118,45 @@ def decade_ticks(fig: go.Figure) -> go.Figure:
     return fig
 
 
+#: the most legend entries a figure shows at once: more hide behind a scrollbar at the book's 1280 px
+MAX_LEGEND_ENTRIES = 10
+
+
+def _has_data(trace) -> bool:
+    return any(getattr(trace, k, None) is not None and np.size(getattr(trace, k)) > 0
+               for k in ("x", "y", "z", "values", "r", "lat"))
+
+
+def figure_problems(fig: go.Figure) -> list[str]:
+    """What keeps a reader from reading ``fig``: no trace with data, no titled x or y axis (the quantity and its
+    unit; with subplots one titled axis of each kind suffices; a category axis's labels name its rows), or more
+    than :data:`MAX_LEGEND_ENTRIES` legend entries shown at once."""
+    problems = [] if any(_has_data(t) for t in fig.data) else ["no trace has data"]
+    layout = fig.layout.to_plotly_json()
+    cartesian = any(getattr(t, "xaxis", None) is not None or t.type in ("scatter", "bar", "box", "heatmap")
+                    for t in fig.data)
+    for kind in ("x", "y"):
+        titled = [a for a, spec in layout.items() if a.startswith(kind + "axis")
+                  and ((spec.get("title") or {}).get("text") or spec.get("type") == "category")]
+        if cartesian and not titled:
+            problems.append(f"no {kind} axis has a title")
+    shown = [t for t in fig.data if t.showlegend is not False and t.visible in (None, True, "legendonly")]
+    if layout.get("showlegend") is not False and len(shown) > MAX_LEGEND_ENTRIES:
+        problems.append(f"{len(shown)} legend entries shown at once (at most {MAX_LEGEND_ENTRIES})")
+    return problems
+
+
 def show(fig: go.Figure, caption: str) -> None:
     """Display a figure with a caption underneath (rendered as Markdown in JupyterLab and in the book).
 
-    Log axes are labelled at decades only (:func:`decade_ticks`)."""
+    Log axes are labelled at decades only (:func:`decade_ticks`). A figure a reader cannot read
+    (:func:`figure_problems`) is an error, so executing the notebooks (nbval, the book build) checks every figure."""
     from IPython.display import Markdown, display
+    if not caption.strip():
+        raise ValueError("a figure needs a caption that says what to see")
+    problems = figure_problems(fig)
+    if problems:
+        raise ValueError(f"figure {fig.layout.title.text or '(untitled)'!r}: " + "; ".join(problems))
     decade_ticks(fig)
     fig.show()
     if _NUMBERING["chapter"] is not None:

@@ -143,22 +143,26 @@ def step_angle_profiles(sig: pd.DataFrame):
 
 
 def middle_step_vs_depth(summary: pd.DataFrame):
-    """Mean middle-layer θ(h_l, h_{l+1}) against depth (log–log), one line per (ρ, T), with a 1/ℓ guide."""
+    """Mean middle-layer θ(h_l, h_{l+1}) against depth (log–log), one line per ρ with a 1/ℓ guide; a slider over
+    temperature (one line per (ρ, T) at once would need a legend of 15 entries)."""
     stu = summary[summary["net"] == "student"]
     depths = np.array(sorted(stu["depth"].unique()), float)
     fig = plots.new_figure("Middle-layer step angle against depth", "student depth ℓ (blocks)",
                            "mean middle-layer θ(h_l, h_l+1) (rad)", log_x=True, log_y=True)
     rhos = sorted(stu["rho"].unique())
     temps = sorted(stu["temperature"].unique())
-    dashes = ["solid", "dash", "dot", "dashdot"]
-    for (rho, temp), g in stu.groupby(["rho", "temperature"]):
-        g = g.sort_values("depth")
-        fig.add_trace(go.Scatter(x=g["depth"], y=g["theta_step"], mode="lines+markers",
-                                 line=dict(color=plots.color(rhos.index(rho)), dash=dashes[temps.index(temp) % 4]),
-                                 name=f"ρ={rho:g}, T={temp:.3g} (slope {g['step_angle_slope'].iloc[0]:.2f})"))
     top = float(stu["theta_step"].max())
     x, y = plots.power_law_line(depths, top * depths.min(), 1.0)
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(color="#999", dash="dot"), name="∝ 1/ℓ (guide)"))
+    for j, temp in enumerate(temps):
+        for i, rho in enumerate(rhos):
+            g = stu[(stu["rho"] == rho) & (stu["temperature"] == temp)].sort_values("depth")
+            slope = f" (slope {g['step_angle_slope'].iloc[0]:.2f})" if len(g) else ""
+            fig.add_trace(go.Scatter(x=g["depth"], y=g["theta_step"], mode="lines+markers", visible=j == 0,
+                                     line=dict(color=plots.color(i)), name=f"ρ = {rho:g}{slope}"))
+    titles = [f"Middle-layer step angle against depth, T = {t:.3g}" for t in temps]
+    fig.update_layout(title_text=titles[0])
+    plots.add_slider(fig, plots.slider_steps([f"T={t:.3g}" for t in temps], len(rhos), n_fixed=1, titles=titles))
     fig.update_xaxes(**plots.log_ticks(depths))
     return fig
 

@@ -1,4 +1,4 @@
-"""Teacher and student residual networks of the toy experiment (paper §4 / App. C; spec ``paper.md`` §4.1–4.4).
+"""Teacher and student residual networks of the toy experiment (paper §4 and App. C).
 
 Both networks are stacks of residual MLP blocks on a width-32 stream::
 
