@@ -400,7 +400,6 @@ NOTES = {
     "tokens_evenly": "the two-cluster split tests only \"does not stop early\"; the small cluster is about the "
                      "position-0 share (one first token per document)",
     "angle_depth": "both ensemble averaging and procedural assembly predict 1/ℓ: this row cannot tell them apart",
-    "low_t_incomplete": "needs the converged calibration run (toy-converged); the committed calibration trains T = 1 only",
     "functional_groups": "with window-1 restoration any single attention transfer makes a one-block step, so the "
                          "trace cannot tell a compositional site from an ensemble",
     "order_matters_little": "not a claim of the paper; a prediction of the ensemble reading",
@@ -426,7 +425,9 @@ def verdict(profile: str = "cpu", *, rerun: bool = False, chapters: Sequence[int
         if c.chapter not in wanted:
             continue
         ms = [m for m in found.get(c.key, []) if m.value is not None and math.isfinite(m.value)]
-        note = NOTES.get(c.key, "")
+        # a number from students that are still improving decides nothing: say how many were not converged
+        note = "; ".join(n for n in (NOTES.get(c.key, ""),
+                                     *(f"not converged: {m.note}" for m in ms if not m.converged and m.note)) if n)
         if c.chapter in failed:
             note = f"its run could not be read ({failed[c.chapter]})"
         rows.append(Row(c, ms, note))
