@@ -35,17 +35,17 @@ class ComposeProfile(Profile):
     run: ComposeConfig
 
 
-#: smoke: seconds (numbers meaningless). cpu: sized to one core for under an hour on this project's shared 2-core
+#: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
 #: machine (measured 4–10 ms per block application per step at batch 64 while other jobs ran): the grammar
-#: (v, m, s, L) = (8, 2, 2, 3) — 8 leaves, 16 of the 64 symbol pairs used per level — width 32, effective depths 1–8
-#: (below and above L = 3), three families, three replicates, 2000 steps × 64 fresh sequences per member.
+#: (v, m, s, L) = (8, 2, 2, 4) — 16 leaves, 16 of the 64 symbol pairs used per level — width 32, effective depths 1–8
+#: (below and above L = 4), three families, three replicates, 2000 steps × 64 fresh sequences per member.
 #: paper: a GPU; a deeper grammar (L = 5, 32 leaves, v = 16, m = 4), width 128, depths to 24, five replicates.
 PROFILES: dict[str, ComposeProfile] = {
     "smoke": ComposeProfile("smoke", ComposeConfig(
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
         model=ModelConfig(d_model=16, n_heads=2),
         train=TrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2)),
-    "cpu": ComposeProfile("cpu", ComposeConfig("cpu")),
+    "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4))),
     "paper": ComposeProfile("paper", ComposeConfig(
         "paper", grammar=RHMConfig(v=16, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24),
         seeds=(0, 1, 2, 3, 4), model=ModelConfig(d_model=128, n_heads=4),
