@@ -257,6 +257,30 @@ def test_smoke_run_end_to_end_and_replay(cache):
     s = chapter.summary(run)
     assert s["profile"] == "smoke" and set(s["losses"]) == set(cfg.families)
     assert len(analysis.loss_table(run)) == len(members)
+    diag = analysis.diagnostic_table(run)
+    assert {"delete_vs_ensemble", "cluster_evenly", "long_lag_cos"} <= set(diag.columns)
+    alphas = analysis.alpha_table(run)
+    assert set(alphas["law"]) == {"excess", "free floor"}
+    assert not alphas["defined"].any()              # one replicate, at most four depths: no interval, no free floor
+
+
+def test_fits_need_parameters_plus_two_points_and_recover_an_exponent():
+    import pandas as pd
+
+    from depthlib.compose import analysis
+    depths = np.array([1, 2, 3, 4, 6, 8])
+    rows = [{"family": "untied", "seed": s, "depth": d, "bayes": 0.5, "excess": 0.2 * d ** -1.5 * (1 + 0.01 * s),
+             "val_loss": 0.5 + 0.2 * d ** -1.5 * (1 + 0.01 * s)} for s in range(3) for d in depths]
+    rows += [{"family": "looped", "seed": s, "depth": d, "bayes": 0.5, "excess": 0.1 / d, "val_loss": 0.5 + 0.1 / d}
+             for s in range(3) for d in (3, 4, 6)]
+    fits = analysis.fit_laws(pd.DataFrame(rows))
+    ex = fits[(fits.family == "untied") & (fits.law == "excess")]
+    assert np.allclose(ex["alpha"], 1.5) and ex["defined"].all()
+    ff = fits[(fits.family == "untied") & (fits.law == "free floor")]
+    assert np.allclose(ff["alpha"], 1.5, atol=1e-3) and np.allclose(ff["L_inf"], 0.5, atol=1e-4)
+    assert not fits[fits.family == "looped"]["defined"].any()         # three depths: fewer than parameters + 2
+    m, lo, hi, n = analysis.mean_interval([1.0, 2.0, 3.0])
+    assert (m, n) == (2.0, 3) and lo < 1.0 and hi > 3.0
 
 
 @pytest.mark.parametrize("args, message", [(["--families", "recurrent"], "--families"),

@@ -95,12 +95,25 @@ def loss_table(run: results.Run) -> pd.DataFrame:
 
 
 DIAGNOSTICS = ("theta_middle_mean", "theta_dh_mean", "long_lag_cos", "cluster_evenly", "delete_middle_delta",
-               "delete_middle_max", "delete_first_delta", "swap_delta", "permute_delta", "probe_excess")
+               "delete_middle_max", "delete_first_delta", "swap_delta", "permute_delta", "probe_excess",
+               "delete_vs_ensemble")
+
+
+def delete_vs_ensemble(members: pd.DataFrame) -> pd.Series:
+    """Per member, the loss added by deleting one middle block application over what an ensemble would lose.
+
+    If the excess falls as E(ℓ) ∝ 1/ℓ (ensemble averaging, paper §3), removing one of ℓ similar members turns E(ℓ)
+    into about E(ℓ − 1) = E(ℓ)·ℓ/(ℓ − 1), a rise of E(ℓ)/(ℓ − 1). The ratio Δloss·(ℓ − 1)/E(ℓ) (E the member's own
+    excess on the probe set) is therefore ≈ 1 for an ensemble (≈ α for E ∝ ℓ^−α) and ≫ 1 when one application
+    cannot be spared — an assembly line. NaN where ℓ < 3 (no middle application)."""
+    return members["delete_middle_delta"] * (members["depth"] - 1) / members["probe_excess"]
 
 
 def diagnostic_table(run: results.Run) -> pd.DataFrame:
-    """Per family and depth, each diagnostic (:mod:`depthlib.compose.diagnostics`) as mean, lo, hi over replicates."""
+    """Per family and depth, each diagnostic (:mod:`depthlib.compose.diagnostics`) and :func:`delete_vs_ensemble`
+    as mean, lo, hi over replicates."""
     m = run.table("members")
+    m = m.assign(delete_vs_ensemble=delete_vs_ensemble(m))
     rows = []
     for (family, depth), g in m.groupby(["family", "depth"]):
         row = {"family": family, "depth": int(depth)}
@@ -149,5 +162,5 @@ def curves(run: results.Run) -> pd.DataFrame:
     return c.groupby(["family", "depth", "step"], as_index=False)[["val_loss", "excess"]].mean()
 
 
-__all__ = ["DIAGNOSTICS", "FAMILY_LABELS", "MIN_POINTS", "alpha_table", "curves", "diagnostic_table",
+__all__ = ["DIAGNOSTICS", "FAMILY_LABELS", "MIN_POINTS", "alpha_table", "curves", "delete_vs_ensemble", "diagnostic_table",
            "edit_profiles", "fit_laws", "lag_profiles", "layer_profiles", "loss_table", "mean_interval"]

@@ -72,9 +72,9 @@ def loss_curves(curves: pd.DataFrame, family: str) -> go.Figure:
 
 
 def diagnostic_vs_depth(diag: pd.DataFrame, col: str, title: str, y_title: str, *, ref: float | None = None,
-                        ref_text: str = "") -> go.Figure:
+                        ref_text: str = "", log_y: bool = False) -> go.Figure:
     """One diagnostic against effective depth, one line per family, 95 % t intervals over replicates."""
-    fig = plots.new_figure(title, "effective depth ℓ (block applications)", y_title, log_x=True)
+    fig = plots.new_figure(title, "effective depth ℓ (block applications)", y_title, log_x=True, log_y=log_y)
     for family, g in diag.groupby("family", sort=False):
         g = g.dropna(subset=[col]).sort_values("depth")
         if len(g):
