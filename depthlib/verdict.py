@@ -143,8 +143,8 @@ CLAIMS: tuple[Claim, ...] = (
           "swap / deletion ratio ≤ 1", "ch5-order"),
     Claim("series_alpha", 6, "A depth series trained at one width: α_ℓ ≈ 1", 1.2, "1.2 ± 0.3 (Chinchilla)",
           (0.0, 2.0), "α_ℓ < 2", "ch6-alpha"),
-    Claim("hierarchical", 7, "(Ours) On a hierarchical target, untied depth still averages: α_ℓ of the excess "
-          "loss below 2", None, "— (the paper's §5 proposal, untested there)", (-math.inf, 2.0),
+    Claim("hierarchical", 7, "(Ours) On a hierarchical target, untied depth still averages: α_ℓ below 2", None,
+          "— (the paper's §5 proposal, untested there)", (-math.inf, 2.0),
           "α_ℓ < 2 (half-way between 1 and 3)", "ch7-alpha"),
     Claim("looped", 7, "(Ours) Reusing depth (looped, fully tied) on that target: α_ℓ over effective depth below 2",
           None, "— (the paper's §5 proposal, untested there)", (-math.inf, 2.0),
@@ -402,10 +402,11 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     alphas = analysis.alpha_table(run)
     converged = bool(run.table("members")["converged"].all())
     out: dict[str, list[Measurement]] = {"hierarchical": [], "looped": []}
-    for r in alphas[alphas["law"] == "excess"].itertuples():
+    for r in alphas.itertuples():
         if not r.defined:
             continue
-        m = Measurement(f"{r.family}, effective depths {r.depths} (RHM)", r.value, r.lo, r.hi, run.profile,
+        law = "excess over the Bayes loss" if r.law == "excess" else "L∞ + c·ℓ^−α, free floor"
+        m = Measurement(f"{r.family}, effective depths {r.depths} (RHM; {law})", r.value, r.lo, r.hi, run.profile,
                         f"95 % t interval over {r.n_seeds} replicates", converged=converged)
         out["hierarchical" if r.family == "untied" else "looped"].append(m)
     return out
@@ -422,9 +423,9 @@ NOTES = {
     "functional_groups": "with window-1 restoration any single attention transfer makes a one-block step, so the "
                          "trace cannot tell a compositional site from an ensemble",
     "order_matters_little": "not a claim of the paper; a prediction of the ensemble reading",
-    "hierarchical": "the excess over the exact Bayes loss of the random hierarchy model; a threshold near the "
-                    "hierarchy's depth shows up as a large α",
-    "looped": "one row for the looped and the fully tied family (the weaker status wins)",
+    "hierarchical": "two laws: the excess over the exact Bayes loss of the random hierarchy model, and the paper's "
+                    "form with a free floor; each is inside the region, but they disagree with each other",
+    "looped": "one row for the looped and the fully tied family, both laws (the weakest status wins)",
 }
 
 

@@ -156,6 +156,22 @@ def edit_profiles(run: results.Run, edit: str = "delete") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def local_slopes(run: results.Run) -> pd.DataFrame:
+    """family, from, to, slope, lo, hi: −Δlog E / Δlog ℓ of the excess loss between consecutive depths, per replicate,
+    then mean and 95 % t interval over replicates (where a threshold lies, the slope peaks)."""
+    m = run.table("members").sort_values("depth")
+    rows = []
+    for family, g in m.groupby("family", sort=False):
+        depths = sorted(g["depth"].unique())
+        for a, b in zip(depths[:-1], depths[1:]):
+            ea = g[g["depth"] == a].set_index("seed")["excess"]
+            eb = g[g["depth"] == b].set_index("seed")["excess"]
+            s = -(np.log(eb) - np.log(ea.reindex(eb.index))) / np.log(b / a)
+            v, lo, hi, n = mean_interval(s)
+            rows.append({"family": family, "from": int(a), "to": int(b), "slope": v, "lo": lo, "hi": hi, "n_seeds": n})
+    return pd.DataFrame(rows)
+
+
 def curves(run: results.Run) -> pd.DataFrame:
     """The held-out curves, mean over replicates: family, depth, step, val_loss, excess."""
     c = run.table("curves")
@@ -163,4 +179,4 @@ def curves(run: results.Run) -> pd.DataFrame:
 
 
 __all__ = ["DIAGNOSTICS", "FAMILY_LABELS", "MIN_POINTS", "alpha_table", "curves", "delete_vs_ensemble", "diagnostic_table",
-           "edit_profiles", "fit_laws", "lag_profiles", "layer_profiles", "loss_table", "mean_interval"]
+           "edit_profiles", "fit_laws", "lag_profiles", "layer_profiles", "local_slopes", "loss_table", "mean_interval"]
