@@ -1,7 +1,7 @@
 """The registry of the book's chapters: what each chapter is called in every place, in the book's order.
 
 The CLI, the book build, the committed-run tests and the notebooks loop over :data:`CHAPTERS` instead of
-knowing six shapes. Each :class:`Chapter` names its package, whose ``chapter`` module implements the chapter
+knowing seven shapes. Each :class:`Chapter` names its package, whose ``chapter`` module implements the chapter
 contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs``, ``compute``, ``replay``, ``describe``, ``summary`` and
 ``COMPUTE``. This module imports nothing heavy: a chapter's module is imported when it is asked for.
 """
@@ -58,6 +58,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(5, "interventions", "Interventions: delete, reorder, run in parallel", "05_interventions", "interventions",
             ("interventions-",), "intervene"),
     Chapter(6, "lm", "A depth series of small LMs trained here", "06_depth_series", "lm", ("lm-depth",), "lm-depth"),
+    Chapter(7, "compose", "Can depth be made compositional?", "07_compose", "compose", ("compose-",), "compose"),
 )
 
 

@@ -477,10 +477,60 @@ def _cmd_lm_depth(args) -> dict[str, Any]:
             "models": [str(paths.cache_dir() / f) for f in run.table("models")["folder"]]}
 
 
+# ---- compose ----------------------------------------------------------------------------------
+def _add_compose(sub) -> None:
+    p = sub.add_parser("compose", help="chapter 7: untied, looped and tied residual transformers on the random "
+                                       "hierarchy model; depth laws and the paper's diagnostics")
+    p.add_argument("--profile", choices=PROFILES, default="smoke",
+                   help="smoke: seconds (numbers meaningless); cpu: 3 families, depths 1-8, 3 replicates (under an "
+                        "hour on one core); paper: a deeper grammar, width 128, depths to 24, 5 replicates (a GPU)")
+    p.add_argument("--families", default=None, metavar="LIST",
+                   help="comma-separated subset of untied,looped,tied (default: the profile's); a run with this or "
+                        "--depths/--seeds is a custom run")
+    p.add_argument("--depths", default=None, metavar="LIST", help="comma-separated effective depths (default: the profile's)")
+    p.add_argument("--seeds", default=None, metavar="LIST", help="comma-separated replicates (default: the profile's)")
+    _add_force(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(handler=_cmd_compose)
+
+
+def _int_list(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise InputError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    return values
+
+
+def _cmd_compose(args) -> dict[str, Any]:
+    import dataclasses
+
+    from depthlib.compose import chapter
+    from depthlib.compose.model import FAMILIES
+    cfg = chapter.profile_config(args.profile)
+    changes: dict[str, Any] = {}
+    if args.families is not None:
+        families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+        bad = [f for f in families if f not in FAMILIES]
+        if bad or not families:
+            raise InputError(f"--families takes {', '.join(FAMILIES)}, got {args.families!r}")
+        changes["families"] = families
+    if args.depths is not None:
+        changes["depths"] = _int_list("--depths", args.depths)
+    if args.seeds is not None:
+        changes["seeds"] = _int_list("--seeds", args.seeds)
+    if changes:
+        from depthlib.results import CUSTOM
+        cfg = dataclasses.replace(cfg, profile=CUSTOM, **changes).validate()
+    run = chapter.compute(cfg, force=args.force, progress=True)
+    return {**chapter.summary(run), "meaningful": args.profile != "smoke"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="depthlib", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_fit, _add_book, _add_toy, _add_probe, _add_trace, _add_intervene, _add_lm_depth):
+    for add in (_add_fit, _add_book, _add_toy, _add_probe, _add_trace, _add_intervene, _add_lm_depth,
+                _add_compose):
         add(sub)
     return parser
 

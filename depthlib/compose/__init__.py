@@ -1,0 +1,9 @@
+"""Chapter 7 (ours): can depth be made compositional?
+
+The paper (Liu et al., arXiv 2602.05970) ends (§5) on a proposal it does not test: architectures that reuse depth
+(looped or tied blocks) or targets with real hierarchy might use depth compositionally and beat the 1/ℓ of ensemble
+averaging (§3–4). This package trains small residual transformers on a target with known hierarchy, the random
+hierarchy model (:mod:`depthlib.compose.rhm`), in three families that differ in how they reuse depth
+(:mod:`depthlib.compose.model`), to convergence (:mod:`depthlib.compose.train`), and runs the paper's hidden-state
+diagnostics (§2.7) and chapter 5's edits on them (:mod:`depthlib.compose.diagnostics`).
+"""

@@ -1,0 +1,139 @@
+"""Figures of chapter 7 (can depth be made compositional?): drawn from the tables of :mod:`depthlib.compose.analysis`."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from depthlib import plots
+
+FAMILY_COLORS = {"untied": plots.color(0), "looped": plots.color(1), "tied": plots.color(2)}
+FAMILY_NAMES = {"untied": "untied", "looped": "looped (prelude, core × r, coda)", "tied": "fully tied"}
+
+
+def _errors(df: pd.DataFrame, col: str, lo: str, hi: str) -> dict:
+    return dict(type="data", symmetric=False, array=(df[hi] - df[col]).fillna(0),
+                arrayminus=(df[col] - df[lo]).fillna(0), thickness=1.2)
+
+
+def loss_vs_depth(losses: pd.DataFrame, L: int, *, excess: bool = True) -> go.Figure:
+    """Held-out excess loss over the Bayes loss (or the loss itself) against effective depth, one line per family,
+    with 95 % t intervals over replicates; the hierarchy's depth L marked."""
+    col = "excess" if excess else "val_loss"
+    lo, hi = (f"{col}_lo", f"{col}_hi") if excess else ("val_lo", "val_hi")
+    fig = plots.new_figure("Excess loss over the Bayes loss against effective depth" if excess else
+                           "Held-out loss against effective depth", "effective depth ℓ (block applications)",
+                           "excess loss L − L<sub>Bayes</sub> (nats/token)" if excess else "held-out loss (nats/token)",
+                           log_x=True, log_y=excess)
+    for family, g in losses.groupby("family", sort=False):
+        g = g.sort_values("depth")
+        fig.add_trace(go.Scatter(x=g["depth"], y=g[col], mode="lines+markers", error_y=_errors(g, col, lo, hi),
+                                 line=dict(color=FAMILY_COLORS.get(family)), marker=dict(size=9),
+                                 name=FAMILY_NAMES.get(family, family)))
+    fig.add_vline(x=L, line=dict(dash="dot", color="#666"))
+    fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=f"hierarchy depth L = {L}", showarrow=False,
+                       xanchor="left", yanchor="top")
+    fig.update_xaxes(**plots.log_ticks(losses["depth"]))
+    return fig
+
+
+def alpha_forest(alphas: pd.DataFrame) -> go.Figure:
+    """α_ℓ of every family and law with its 95 % t interval over replicates; 1 (ensemble averaging) and 3
+    (procedural assembly's smooth-flow rate, paper §4) marked."""
+    rows = alphas[np.isfinite(alphas["value"])].copy()
+    rows["label"] = [f"{FAMILY_NAMES.get(r.family, r.family)} — {r.law} ({r.n_seeds} replicates)"
+                     for r in rows.itertuples()]
+    fig = plots.new_figure("Depth exponent α<sub>ℓ</sub> per family (95 % t interval over replicates)",
+                           "α<sub>ℓ</sub> (dimensionless)", "", height=120 + 45 * max(len(rows), 1))
+    fig.add_trace(go.Scatter(x=rows["value"], y=rows["label"], mode="markers",
+                             error_x=_errors(rows, "value", "lo", "hi"),
+                             marker=dict(size=10, color=[FAMILY_COLORS.get(f) for f in rows["family"]]),
+                             name="α_ℓ", showlegend=False))
+    for x, text in ((1, "1: ensemble averaging"), (3, "3: smooth flow (paper §4)")):
+        fig.add_vline(x=x, line=dict(dash="dot", color="#666"))
+        fig.add_annotation(x=x, y=1, yref="paper", text=text, showarrow=False, xanchor="left", yanchor="bottom")
+    fig.update_yaxes(type="category", automargin=True)
+    return fig
+
+
+def loss_curves(curves: pd.DataFrame, family: str) -> go.Figure:
+    """Held-out excess loss during training of one family (mean over replicates), one line per depth."""
+    c = curves[(curves["family"] == family) & (curves["step"] > 0)]
+    fig = plots.new_figure(f"Training: excess held-out loss — {FAMILY_NAMES.get(family, family)}",
+                           "optimiser step (64 fresh sequences each)", "excess loss (nats/token)", log_y=True)
+    for i, (depth, g) in enumerate(c.groupby("depth")):
+        fig.add_trace(go.Scatter(x=g["step"], y=g["excess"].clip(lower=1e-5), mode="lines",
+                                 line=dict(color=plots.color(i)), name=f"ℓ = {depth}"))
+    if len(c):
+        last = c["step"].max()
+        fig.add_vrect(x0=0.8 * last, x1=last, fillcolor="rgba(0,0,0,0.06)", line_width=0,
+                      annotation_text="last 20 % (convergence test)", annotation_position="top left")
+    return fig
+
+
+def diagnostic_vs_depth(diag: pd.DataFrame, col: str, title: str, y_title: str, *, ref: float | None = None,
+                        ref_text: str = "", log_y: bool = False) -> go.Figure:
+    """One diagnostic against effective depth, one line per family, 95 % t intervals over replicates."""
+    fig = plots.new_figure(title, "effective depth ℓ (block applications)", y_title, log_x=True, log_y=log_y)
+    for family, g in diag.groupby("family", sort=False):
+        g = g.dropna(subset=[col]).sort_values("depth")
+        if len(g):
+            fig.add_trace(go.Scatter(x=g["depth"], y=g[col], mode="lines+markers",
+                                     error_y=_errors(g, col, f"{col}_lo", f"{col}_hi"),
+                                     line=dict(color=FAMILY_COLORS.get(family)), marker=dict(size=9),
+                                     name=FAMILY_NAMES.get(family, family)))
+    if ref is not None:
+        fig.add_hline(y=ref, line=dict(dash="dot", color="#666"), annotation_text=ref_text,
+                      annotation_position="bottom right")
+    fig.update_xaxes(**plots.log_ticks(diag["depth"]))
+    return fig
+
+
+def profiles(layers: pd.DataFrame, depth: int, y_title: str, title: str, *, x_title: str = "block l (0 = first)",
+             ref: float | None = None) -> go.Figure:
+    """A per-block (or per-lag) profile of the three families at one effective depth, with 95 % t intervals."""
+    fig = plots.new_figure(title, x_title, y_title)
+    x = "layer" if "layer" in layers else "k"
+    y = "mean" if "mean" in layers else "cos"
+    t = layers[layers["depth"] == depth]
+    for family, g in t.groupby("family", sort=False):
+        g = g.sort_values(x)
+        fig.add_trace(go.Scatter(x=g[x], y=g[y], mode="lines+markers", error_y=_errors(g, y, "lo", "hi"),
+                                 line=dict(color=FAMILY_COLORS.get(family)), name=FAMILY_NAMES.get(family, family)))
+    if ref is not None:
+        fig.add_hline(y=ref, line=dict(dash="dot", color="#666"))
+    return fig
+
+
+def deletion_profile(edits: pd.DataFrame, family: str) -> go.Figure:
+    """Δloss from deleting the block application at each position, one line per depth, for one family."""
+    t = edits[edits["family"] == family]
+    fig = plots.new_figure(f"Deleting one block application — {FAMILY_NAMES.get(family, family)}",
+                           "relative position of the deleted application j/(ℓ−1)", "Δ held-out loss (nats/token)",
+                           log_y=True)
+    for i, (depth, g) in enumerate(t.groupby("depth")):
+        if depth < 2:
+            continue
+        g = g.sort_values("position")
+        fig.add_trace(go.Scatter(x=g["position"] / (depth - 1), y=g["delta"].clip(lower=1e-4), mode="lines+markers",
+                                 line=dict(color=plots.color(i)), name=f"ℓ = {depth}"))
+    return fig
+
+
+def cluster_trajectories(clusters: pd.DataFrame, family: str, depth: int, seed: int) -> go.Figure:
+    """The two ideal trajectories and each cluster's mean trajectory of one member (chapter 2's Fig. 2b companion)."""
+    t = clusters[(clusters["family"] == family) & (clusters["depth"] == depth) & (clusters["seed"] == seed)]
+    fig = plots.new_figure(f"Ideal trajectories and cluster means — {FAMILY_NAMES.get(family, family)}, ℓ = {depth}",
+                           "block l (1 = first)", "θ(h<sub>l−1</sub>, h<sub>l</sub>) (rad)")
+    for i, name in enumerate(sorted(t["cluster"].unique())):
+        for kind, dash in (("ideal", "dash"), ("cluster mean", None)):
+            g = t[(t["cluster"] == name) & (t["kind"] == kind)].sort_values("block")
+            if len(g):
+                share = f" ({100 * g['fraction'].iloc[0]:.1f}% of tokens)" if kind == "cluster mean" else ""
+                fig.add_trace(go.Scatter(x=g["block"], y=g["theta"], mode="lines" if dash else "lines+markers",
+                                         line=dict(color=plots.color(i), dash=dash), name=f"{kind}: {name}{share}"))
+    return fig
+
+
+__all__ = ["alpha_forest", "cluster_trajectories", "deletion_profile", "diagnostic_vs_depth", "loss_curves",
+           "loss_vs_depth", "profiles"]

@@ -1,0 +1,293 @@
+"""Chapter 7: the random hierarchy model, the looped models, training to convergence, diagnostics, the chapter glue."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from depthlib.compose import model as M
+from depthlib.compose import rhm
+from depthlib.compose import train as T
+from depthlib.errors import InputError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+GRAMMARS = [rhm.RHMConfig(8, 2, 2, 3), rhm.RHMConfig(4, 3, 2, 2, seed=5), rhm.RHMConfig(5, 2, 3, 2, seed=1)]
+
+
+# ---- the grammar ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", GRAMMARS, ids=str)
+def test_rules_are_unambiguous(cfg):
+    """Every right-hand side of a level is produced by exactly one (symbol, rule): v·m distinct s-tuples."""
+    g = rhm.make_grammar(cfg)
+    for k in range(cfg.L):
+        tuples = g.rules[k].reshape(cfg.v * cfg.m, cfg.s)
+        assert len({tuple(t) for t in tuples}) == cfg.v * cfg.m
+        assert (g.parent[k] >= 0).sum() == cfg.v * cfg.m
+        weights = cfg.v ** np.arange(cfg.s - 1, -1, -1)
+        codes = (tuples * weights).sum(1)
+        assert (g.parent[k][codes] == np.repeat(np.arange(cfg.v), cfg.m)).all()
+
+
+@pytest.mark.parametrize("cfg", GRAMMARS, ids=str)
+def test_every_sequence_parses_back_to_its_root_and_tree(cfg):
+    g = rhm.make_grammar(cfg)
+    leaves, levels, choices = rhm.sample(g, np.arange(3000), stream=3, with_tree=True)
+    assert leaves.shape == (3000, cfg.length) and leaves.min() >= 0 and leaves.max() < cfg.v
+    parsed, picked = rhm.parse(g, leaves)
+    for a, b in zip(parsed, levels):
+        assert np.array_equal(a, b)
+    for a, b in zip(picked, choices):
+        assert np.array_equal(a, b)
+
+
+def test_a_sequence_the_grammar_cannot_derive_fails_to_parse():
+    cfg = rhm.RHMConfig(8, 2, 2, 3)
+    g = rhm.make_grammar(cfg)
+    unused = np.flatnonzero(g.parent[cfg.L - 1] < 0)[0]          # a pair no level-(L−1) symbol produces
+    x = rhm.sample(g, np.arange(1))
+    x[0, :2] = [unused // cfg.v, unused % cfg.v]
+    levels, _ = rhm.parse(g, x)
+    assert levels[0][0, 0] == -1
+
+
+@pytest.mark.parametrize("cfg", GRAMMARS[:2], ids=str)
+def test_roots_and_synonyms_are_uniform(cfg):
+    """Chi-square tests (α = 1e-3) that roots are uniform over v and every symbol's m rules are chosen uniformly, at
+    every level; and the test can fail: a skewed choice of rules is rejected."""
+    g = rhm.make_grammar(cfg)
+    _, levels, choices = rhm.sample(g, np.arange(20_000), stream=4, with_tree=True)
+    assert stats.chisquare(np.bincount(levels[0][:, 0], minlength=cfg.v)).pvalue > 1e-3
+    for k in range(cfg.L):
+        sym, ch = levels[k].ravel(), choices[k].ravel()
+        counts = np.zeros((cfg.v, cfg.m))
+        np.add.at(counts, (sym, ch), 1)
+        p = stats.chi2.sf((((counts - counts.sum(1, keepdims=True) / cfg.m) ** 2)
+                           / (counts.sum(1, keepdims=True) / cfg.m)).sum(), cfg.v * (cfg.m - 1))
+        assert p > 1e-3, (k, counts)
+    skewed = np.where(ch % cfg.m == 0, 0, ch) if cfg.m > 1 else ch
+    sym = levels[cfg.L - 1].ravel()
+    counts = np.zeros((cfg.v, cfg.m))
+    np.add.at(counts, (sym, np.where(np.arange(len(skewed)) % 5 == 0, 0, skewed)), 1)
+    expected = counts.sum(1, keepdims=True) / cfg.m
+    assert stats.chi2.sf(((counts - expected) ** 2 / expected).sum(), cfg.v * (cfg.m - 1)) < 1e-3
+
+
+def test_samples_depend_on_their_index_not_on_the_batch():
+    g = rhm.make_grammar(rhm.RHMConfig(8, 2, 2, 3))
+    whole = rhm.sample(g, np.arange(100))
+    parts = np.concatenate([rhm.sample(g, np.arange(60, 100)), rhm.sample(g, np.arange(0, 60))])
+    assert np.array_equal(whole, np.concatenate([parts[40:], parts[:40]]))
+    assert not np.array_equal(rhm.sample(g, np.arange(100), stream=1), whole)
+
+
+def test_bayes_loss_matches_counting():
+    """The inside algorithm's −log P(x_t | x_<t) equals the empirical conditional frequencies of many samples."""
+    g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 2, seed=3))
+    big = rhm.sample(g, np.arange(200_000), stream=5)
+    x = rhm.sample(g, np.arange(20), stream=6)
+    exact = rhm.bayes_nll(g, x)
+    codes = big @ (4 ** np.arange(3, -1, -1))
+    for i, row in enumerate(x):
+        for t in range(4):
+            match_prefix = np.ones(len(big), bool) if t == 0 else (big[:, :t] == row[:t]).all(1)
+            p = (match_prefix & (big[:, t] == row[t])).sum() / match_prefix.sum()
+            assert abs(-np.log(p) - exact[i, t]) < 0.05, (i, t)
+    assert codes.size and np.all(exact >= -1e-12)
+
+
+def test_bayes_loss_of_a_whole_sequence_is_its_log_probability():
+    """Σ_t −log P(x_t | x_<t) = −log P(x): root 1/v, one rule 1/m at each of the (s^L − 1)/(s − 1) nodes."""
+    cfg = rhm.RHMConfig(8, 2, 2, 3)
+    g = rhm.make_grammar(cfg)
+    x = rhm.sample(g, np.arange(50))
+    nodes = (cfg.s ** cfg.L - 1) // (cfg.s - 1)
+    assert np.allclose(rhm.bayes_nll(g, x).sum(1), np.log(cfg.v) + nodes * np.log(cfg.m))
+
+
+@pytest.mark.parametrize("kw", [dict(v=4, m=5, s=2, L=2), dict(v=1), dict(s=1), dict(L=0)])
+def test_bad_grammar_is_refused(kw):
+    with pytest.raises(InputError):
+        rhm.RHMConfig(**kw).validate()
+
+
+# ---- the looped models ------------------------------------------------------------------------------------
+def test_schedules_and_parameter_counts():
+    cfg = M.ModelConfig(d_model=16, n_heads=2)
+    one = M.parameter_counts(M.build_model(cfg, "untied", 1, 8, 8, 0))
+    block = one["n_block_params"]
+    assert block == 2 * 2 * 16 + 16 * 48 + 48 + 16 * 16 + 16 + 16 * 64 + 64 + 64 * 16 + 16
+    outside = one["n_params"] - block
+    for family, depth, blocks in [("untied", 6, 6), ("looped", 6, 3), ("looped", 12, 3), ("tied", 6, 1),
+                                  ("tied", 12, 1)]:
+        c = M.parameter_counts(M.build_model(cfg, family, depth, 8, 8, 0))
+        assert c["n_blocks"] == blocks and c["n_block_params"] == blocks * block
+        assert c["n_params"] == outside + blocks * block
+    assert M.schedule("looped", 5) == (3, [0, 1, 1, 1, 2])
+    assert M.schedule("tied", 3) == (1, [0, 0, 0])
+    with pytest.raises(InputError):
+        M.schedule("looped", 2)
+    with pytest.raises(InputError):
+        M.schedule("recurrent", 4)
+
+
+@pytest.mark.parametrize("family", ["tied", "looped"])
+def test_r_applications_of_one_block_equal_r_calls_of_it(family):
+    torch.manual_seed(0)
+    m = M.build_model(M.ModelConfig(d_model=16, n_heads=2), family, 7, 8, 8, seed=3)
+    x = torch.randint(0, 8, (5, 8))
+    logits, hs = m(x, states=True)
+    with torch.no_grad():
+        h = m.embed(m.inputs(x)) + m.position.weight[:8]
+        assert torch.equal(h, hs[0])
+        core = m.blocks[0] if family == "tied" else m.blocks[1]
+        if family == "looped":
+            h = h + m.blocks[0](h)
+        for _ in range(7 if family == "tied" else 5):
+            h = h + core(h)
+        if family == "looped":
+            h = h + m.blocks[2](h)
+        assert torch.equal(h, hs[-1])
+        assert torch.equal(m.head(m.ln_final(h)), logits)
+    assert len(hs) == 8
+
+
+def test_the_model_is_causal_and_its_init_is_seeded():
+    cfg = M.ModelConfig(d_model=16, n_heads=2)
+    a, b = M.build_model(cfg, "untied", 3, 8, 8, 1), M.build_model(cfg, "untied", 3, 8, 8, 1)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    x = torch.randint(0, 8, (2, 8))
+    y = x.clone()
+    y[:, 5] = (y[:, 5] + 1) % 8
+    with torch.no_grad():
+        assert torch.allclose(a(x)[:, :6], a(y)[:, :6])       # position t sees leaves < t only
+        assert not torch.allclose(a(x)[:, 6:], a(y)[:, 6:])
+
+
+# ---- training -------------------------------------------------------------------------------------------
+def test_schedule_matches_the_converged_protocol():
+    from depthlib.toy import converged
+    assert (T.CONVERGED_BELOW, T.LAST_FRACTION) == (converged.CONVERGED_BELOW, converged.LAST_FRACTION)
+    cfg = T.TrainConfig(steps=100, evals=20, lr=1.0)
+    rates = [cfg.rate(s) for s in range(100)]
+    assert rates[0] == 0.5 and rates[10] == 1.0 and rates[49] == 1.0
+    assert all(r == pytest.approx(0.1) for r in rates[80:])
+    assert 80 in cfg.eval_steps()
+
+
+def test_a_tiny_member_converges_near_the_bayes_loss():
+    """Converged-training check on a tiny instance: a 2-block model on a 4-leaf grammar meets the 1 % rule and ends
+    within 0.05 nats of the exact Bayes loss."""
+    g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 2, seed=1))
+    m = M.build_model(M.ModelConfig(d_model=16, n_heads=2), "untied", 2, 4, 4, seed=0)
+    rec = T.train(m, g, T.TrainConfig(steps=600, batch_size=64, lr=1e-2, n_held_out=512), seed=0)
+    assert rec["converged"], rec["rel_improvement"]
+    assert 0 <= rec["curve"]["excess"].iloc[-1] < 0.05
+    assert rec["curve"]["excess"].iloc[0] > 0.3
+
+
+def test_training_stops_at_an_evaluation_and_replays_exactly():
+    g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 2, seed=1))
+    cfg = T.TrainConfig(steps=40, batch_size=8, evals=20, n_held_out=16)
+    runs = []
+    for _ in range(2):
+        m = M.build_model(M.ModelConfig(d_model=8, n_heads=2), "looped", 3, 4, 4, seed=0)
+        runs.append(T.train(m, g, cfg, seed=1, stop_at=4)["curve"])
+    assert list(runs[0]["step"]) == [0, 2, 4]
+    assert runs[0].equals(runs[1])
+
+
+# ---- diagnostics ----------------------------------------------------------------------------------------
+def test_diagnostics_edits_and_signatures():
+    from depthlib.compose.diagnostics import diagnose
+    g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 2, seed=1))
+    x, b = T.held_out(g, 32, T.PROBE_STREAM)
+    untied = M.build_model(M.ModelConfig(d_model=16, n_heads=2), "untied", 6, 4, 4, seed=0)
+    d = diagnose(untied, x, float(b.mean()), n_permutations=3)
+    edits = d["edits"]
+    assert set(edits["edit"]) == {"delete", "swap", "permute"}
+    assert (edits["edit"] == "delete").sum() == 6 and (edits["edit"] == "swap").sum() == 5
+    assert (edits["edit"] == "permute").sum() == 3
+    lags = d["lags"]
+    assert list(lags["k"]) == [1, 2, 3, 4, 5]
+    assert d["summary"]["cluster_evenly"] >= 0 and np.isfinite(d["summary"]["theta_middle_mean"])
+    tied = M.build_model(M.ModelConfig(d_model=16, n_heads=2), "tied", 6, 4, 4, seed=0)
+    t = diagnose(tied, x, float(b.mean()))
+    assert set(t["edits"]["edit"]) == {"delete"}                       # a swap of one block is the same model
+    assert np.allclose(t["edits"]["delta"], t["edits"]["delta"].iloc[0])
+
+
+# ---- the chapter ----------------------------------------------------------------------------------------
+def test_profiles_validate_and_round_trip():
+    from depthlib.compose import chapter
+    from depthlib.compose.experiment import ComposeConfig
+    for name, p in chapter.PROFILES.items():
+        cfg = p.run.validate()
+        assert cfg.profile == name
+        assert ComposeConfig.from_dict(cfg.to_dict()) == cfg
+    cpu = chapter.PROFILES["cpu"].run
+    assert min(cpu.depths) < cpu.grammar.L < max(cpu.depths) and len(cpu.seeds) >= 3
+
+
+def test_smoke_run_end_to_end_and_replay(cache):
+    from depthlib.compose import analysis, chapter
+    run = chapter.runs("smoke")["rhm"]
+    assert run.complete and not run.stale
+    members = run.table("members")
+    cfg = chapter.PROFILES["smoke"].run
+    assert len(members) == len(cfg.units())
+    again = chapter.runs("smoke")["rhm"]
+    assert again.path == run.path
+    rep = chapter.replay(run)
+    assert np.allclose(rep["committed"], rep["replayed"], rtol=1e-6)
+    s = chapter.summary(run)
+    assert s["profile"] == "smoke" and set(s["losses"]) == set(cfg.families)
+    assert len(analysis.loss_table(run)) == len(members)
+    diag = analysis.diagnostic_table(run)
+    assert {"delete_vs_ensemble", "cluster_evenly", "long_lag_cos"} <= set(diag.columns)
+    alphas = analysis.alpha_table(run)
+    assert set(alphas["law"]) == {"excess", "free floor"}
+    assert not alphas["defined"].any()              # one replicate, at most four depths: no interval, no free floor
+
+
+def test_fits_need_parameters_plus_two_points_and_recover_an_exponent():
+    import pandas as pd
+
+    from depthlib.compose import analysis
+    depths = np.array([1, 2, 3, 4, 6, 8])
+    rows = [{"family": "untied", "seed": s, "depth": d, "bayes": 0.5, "excess": 0.2 * d ** -1.5 * (1 + 0.01 * s),
+             "val_loss": 0.5 + 0.2 * d ** -1.5 * (1 + 0.01 * s)} for s in range(3) for d in depths]
+    rows += [{"family": "looped", "seed": s, "depth": d, "bayes": 0.5, "excess": 0.1 / d, "val_loss": 0.5 + 0.1 / d}
+             for s in range(3) for d in (3, 4, 6)]
+    fits = analysis.fit_laws(pd.DataFrame(rows))
+    ex = fits[(fits.family == "untied") & (fits.law == "excess")]
+    assert np.allclose(ex["alpha"], 1.5) and ex["defined"].all()
+    ff = fits[(fits.family == "untied") & (fits.law == "free floor")]
+    assert np.allclose(ff["alpha"], 1.5, atol=1e-3) and np.allclose(ff["L_inf"], 0.5, atol=1e-4)
+    assert not fits[fits.family == "looped"]["defined"].any()         # three depths: fewer than parameters + 2
+    m, lo, hi, n = analysis.mean_interval([1.0, 2.0, 3.0])
+    assert (m, n) == (2.0, 3) and lo < 1.0 and hi > 3.0
+
+
+@pytest.mark.parametrize("args, message", [(["--families", "recurrent"], "--families"),
+                                           (["--depths", "2,x"], "--depths"), (["--depths", "0"], "depth"),
+                                           (["--families", "looped", "--depths", "1,2"], "looped")])
+def test_cli_bad_input_is_one_line_exit_2(capsys, args, message):
+    from depthlib.cli import main
+    assert main(["compose", "--profile", "smoke", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("depthlib compose: error:") and message in err[0], err
