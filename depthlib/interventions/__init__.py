@@ -174,12 +174,12 @@ def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config:
     for name, df in (("plans", meta), ("scores", scores), ("distances", distances), ("influence", influence),
                      ("docs", doc_table), ("signature", signature)):
         run.write_table(name, df)
-    from depthlib.interventions.analysis import baseline_loss
     run.finish(profile=profile, seed=cfg.suite.seed, wall_time_s=setup_s + seconds, device=str(device),
                code=CODE, model=model, corpus=corpus,
                summary=dict(n_blocks=L, d_model=arch.d_model, family=arch.name, n_plans=len(plan_set),
                             n_docs=len(eval_docs), n_tokens=int(doc_table["n_predicted"].sum()), plateau=plateau,
-                            baseline_loss=baseline_loss(scores, identity(L).text())))
+                            baseline_loss=float(scores.loc[scores["plan"] == identity(L).text(), "loss"].sum()
+                                                / doc_table["n_predicted"].sum())))
     (run.path / "checkpoint.pt").unlink(missing_ok=True)
     return run
 

@@ -163,9 +163,9 @@ def pooled_controls(per_model: dict[str, dict[tuple, np.ndarray]]) -> dict[str, 
 PREDICTIONS = (
     ("alpha_del", "1. rescaled deletion: exponent α̂", (0.0, 1.5),
      "α = 1 (1/ℓ law)", "α = 2 (Euler flow)"),
-    ("order_ratio", "3. reordering ÷ deleting the moved blocks", (0.0, 1.0),
+    ("order_ratio", "3. reordering ÷ deleting the moved blocks", (-np.inf, 1.0),
      "≪ 1 (only the coupling, O(κ²))", "(κ d̄/ℓ_m)², grows with distance; ≳ 1 if compositional"),
-    ("parallel_ratio", "4. parallel: summed ÷ averaged", (0.0, 1.0),
+    ("parallel_ratio", "4. parallel: summed ÷ averaged", (-np.inf, 1.0),
      "≪ 1 (sum ≈ sequence)", "(κ g/2ℓ_m)²; ≳ 1 if compositional"),
     ("theta_update", "5. θ(Δh_l, Δh_l+1) (rad)", (pr.THETA_MIN, np.pi),
      "≈ π/2", "small (aligned updates)"),
@@ -278,3 +278,17 @@ def verdict_sentences(table: pd.DataFrame) -> list[str]:
                 f"{r.model} {_num(r.value, r.lo, r.hi)} — {r.reading}" for r in lm)
         out.append(text + ".")
     return out
+
+
+def middle_sizes(plans: pd.DataFrame) -> dict[str, int]:
+    """{model: ℓ_m}, the number of middle blocks of each model in a plans table."""
+    return {m: len(range(n_blocks_of(g))[middle_blocks(n_blocks_of(g))]) for m, g in plans.groupby("model", sort=False)}
+
+
+def formatted(table: pd.DataFrame, index: str | list[str], columns: str = "model", digits: int = 3) -> pd.DataFrame:
+    """A wide table of "value [lo, hi]" strings (95 % intervals) from a tidy table with value, lo and hi."""
+    t = table.copy()
+    t["shown"] = [f"{v:.{digits}g} [{lo:.{digits}g}, {hi:.{digits}g}]" if np.isfinite(lo) else f"{v:.{digits}g}"
+                  for v, lo, hi in zip(t["value"], t["lo"], t["hi"])]
+    order = list(dict.fromkeys(t[columns]))
+    return t.pivot_table(index=index, columns=columns, values="shown", aggfunc="first", sort=False)[order]
