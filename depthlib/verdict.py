@@ -367,7 +367,8 @@ def _chapter5(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
         return {"order_matters_little": []}
     runs["toy"] = toy
     table = analysis.prediction_table(chapter.statistics(runs), [m for m in runs if m != "toy"])
-    rows = table[(table["statistic"] == "order_ratio") & ~table["model"].str.startswith("toy")]
+    rows = table[(table["statistic"] == "order_ratio") & (table["scope"] == "middle")
+                 & ~table["model"].str.startswith("toy")] if len(table) else table
     out = []
     for r in rows.itertuples():
         usable = bool(r.held_on_control and r.separates_controls)

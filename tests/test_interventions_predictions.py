@@ -216,3 +216,26 @@ def test_calibration_rule():
     over = pr.calibrate((0.5, 0.1, 1.1), (1.0, 0.9, 1.2))
     assert not over["separates"] and pr.side((0.1, 0.0, 0.2), over) == "not applied"
     assert pr.calibrate((1.6, 1.5, 1.7), (0.3, 0.2, 0.4))["ensemble_below"] is False
+
+
+# ---- the prediction table: controls pooled over replicates, LMs read against them -------------------------------
+def _stats(value: float, spread: float, seed: int, k: int = 4) -> dict:
+    rng = np.random.default_rng(seed)
+    col = np.r_[value, value + spread * rng.standard_normal(300)]
+    return {("parallel_ratio", "middle", k): col, ("theta_update", "", 0): col + 1.0}
+
+
+def test_prediction_table_reads_an_lm_only_where_the_controls_separate():
+    per = {**{f"toy independent r{r}": _stats(0.01, 0.001, r) for r in range(3)},
+           **{f"toy tied r{r}": _stats(0.2 + 0.3 * r, 0.01, 10 + r) for r in range(3)},
+           "lm": _stats(0.02, 0.002, 99)}
+    t = analysis.prediction_table(per, ["lm"])
+    par = t[t["statistic"] == "parallel_ratio"].set_index("model")
+    assert par.loc["toy independent", "held_on_control"] and par.loc["toy independent", "separates_controls"]
+    assert par.loc["lm", "reading"] == "ensemble" and par.loc["lm", "k"] == 4
+    # the tied replicates spread 0.2 … 0.8: the pooled interval covers the seeds' spread, not only the documents'
+    assert par.loc["toy tied", "hi"] - par.loc["toy tied", "lo"] > 0.2
+    theta = t[t["statistic"] == "theta_update"].set_index("model")     # 1.01 vs 1.2–1.8: fails on its control
+    assert not theta.loc["toy independent", "held_on_control"] and theta.loc["lm", "reading"] == "not applied"
+    text = " ".join(analysis.verdict_sentences(t))
+    assert "failed on its own control" in text and "lm 0.02" in text

@@ -144,16 +144,25 @@ def control_of(model: str) -> str | None:
     return parts[1] if len(parts) == 3 and parts[0] == "toy" else None
 
 
-def pooled_controls(per_model: dict[str, dict[tuple, np.ndarray]]) -> dict[str, dict[tuple, np.ndarray]]:
-    """{"toy independent", "toy tied": statistics}: the mean over a control's replicates of each statistic, every
-    bootstrap column averaged (documents resampled within each student; the replicates' seeds are fixed)."""
+def pooled_controls(per_model: dict[str, dict[tuple, np.ndarray]], seed: int = 0) -> dict[str, dict[tuple, np.ndarray]]:
+    """{"toy independent", "toy tied": statistics}: the mean over a control's replicates of each statistic, with a
+    two-level bootstrap: each resample draws the replicates with replacement and, within each, the documents (its own
+    bootstrap column), so the interval includes the spread between training seeds, not only between documents."""
+    rng = np.random.default_rng(seed)
     out: dict[str, dict[tuple, np.ndarray]] = {}
     for kind in ("independent", "tied"):
         members = [s for m, s in per_model.items() if control_of(m) == kind]
         if not members:
             continue
         keys = set.intersection(*(set(s) for s in members))
-        out[f"toy {kind}"] = {k: np.mean([s[k] for s in members], 0) for k in keys}
+        n_cols = min(len(next(iter(s.values()))) for s in members)
+        picks = rng.integers(0, len(members), size=(n_cols, len(members)))      # replicates per column
+        picks[0] = np.arange(len(members))                                       # column 0: the estimate
+        stats = {}
+        for key in keys:
+            M = np.stack([s[key][:n_cols] for s in members])                     # (replicates, columns)
+            stats[key] = M[picks, np.arange(n_cols)[:, None]].mean(1)
+        out[f"toy {kind}"] = stats
     return out
 
 
@@ -174,76 +183,57 @@ PREDICTIONS = (
 )
 
 
-def _choose(stats: dict[tuple, np.ndarray], name: str) -> tuple | None:
-    """The key of ``name`` the verdict reads: the largest k of the middle scope (all ks of a scope: k = 0)."""
-    keys = [k for k in stats if k[0] == name and k[1] in ("middle", "")]
-    if not keys:
-        return None
-    if name == "order_ratio" and (name, "middle", 0) in stats:
-        return (name, "middle", 0)
-    return max(keys, key=lambda k: k[2])
+def _keys(stats: dict[tuple, np.ndarray], name: str, scope: str) -> set[int]:
+    return {k[2] for k in stats if k[0] == name and k[1] == scope}
 
 
 def prediction_table(per_model: dict[str, dict[tuple, np.ndarray]], lms: list[str]) -> pd.DataFrame:
-    """One row per (prediction, model) for the two pooled controls and the LMs: the measured value and its interval,
-    whether it lies in the ensemble's region, whether the statistic held on its control and separates the two
-    controls (:func:`~depthlib.interventions.predictions.calibrate`), the threshold, and the reading of each LM."""
+    """One row per (prediction, k, model) for the two pooled controls (:func:`pooled_controls`) and the LMs: the
+    measured value and its interval, whether it lies in the ensemble's region, whether the statistic held on its
+    control and separates the two controls at that k (:func:`~depthlib.interventions.predictions.calibrate`), the
+    threshold, and the reading of each LM. Each LM is read at the largest k (blocks deleted or moved, group size) that
+    it shares with the controls; the reordering also inside the plateau where the LM has plateau plans."""
     controls = pooled_controls(per_model)
+    if set(controls) != {"toy independent", "toy tied"}:
+        return pd.DataFrame()
+    e_stats, f_stats = controls["toy independent"], controls["toy tied"]
     rows = []
     for name, label, (r_lo, r_hi), ens, flow in PREDICTIONS:
-        vals = {}
-        for model, stats in [*controls.items(), *((m, per_model[m]) for m in lms if m in per_model)]:
-            key = _choose(stats, name)
-            if key is not None:
-                vals[model] = (key, pr.interval(stats[key]))
-        e, f = vals.get("toy independent"), vals.get("toy tied")
-        if e is None or f is None:
-            continue
-        held = bool(r_lo <= e[1][1] and e[1][2] <= r_hi)
-        cal = pr.calibrate(e[1], f[1], log=name.endswith("ratio"))
-        for model, (key, (v, lo, hi)) in vals.items():
-            in_region = bool(np.isfinite(lo) and r_lo <= lo and hi <= r_hi)
-            if model.startswith("toy"):
-                reading = "ensemble's control" if model == "toy independent" else "flow's control"
-            elif not (held and cal["separates"]):
-                reading = "not applied"
-            else:
-                reading = pr.side((v, lo, hi), cal)
-                if name == "alpha_del" and reading == "ensemble":
-                    reading = "undecided (α̂ is a lower bound)"
-            rows.append(dict(prediction=label, statistic=name, k=key[2], model=model, value=v, lo=lo, hi=hi,
-                             ensemble_predicts=ens, flow_predicts=flow, in_ensemble_region=in_region,
-                             held_on_control=held, separates_controls=cal["separates"],
-                             threshold=cal["threshold"], reading=reading))
+        for scope in (("middle", "plateau") if name == "order_ratio" else ("", "middle")):
+            shared = _keys(e_stats, name, scope) & _keys(f_stats, name, scope)
+            if not shared:
+                continue
+            read: dict[int, list[str]] = {}
+            for m in lms:
+                common = shared & _keys(per_model.get(m, {}), name, scope) - ({0} if scope == "middle" and
+                                                                            name == "order_ratio" else set())
+                if common:
+                    read.setdefault(max(common), []).append(m)
+            if not read:
+                ks = shared - ({0} if name == "order_ratio" else set())
+                read = {max(ks or shared): []}
+            for k, models in sorted(read.items()):
+                key = (name, scope, k)
+                e, f = pr.interval(e_stats[key]), pr.interval(f_stats[key])
+                held = bool(np.isfinite(e[1]) and r_lo <= e[1] and e[2] <= r_hi)
+                cal = pr.calibrate(e, f, log=name.endswith("ratio"))
+                for model, (v, lo, hi) in [("toy independent", e), ("toy tied", f),
+                                           *((m, pr.interval(per_model[m][key])) for m in models)]:
+                    if model.startswith("toy"):
+                        reading = "ensemble's control" if model == "toy independent" else "flow's control"
+                    elif not (held and cal["separates"]):
+                        reading = "not applied"
+                    else:
+                        reading = pr.side((v, lo, hi), cal)
+                        if name == "alpha_del" and reading == "ensemble":
+                            reading = "undecided (α̂ is a lower bound)"
+                    rows.append(dict(prediction=label + (" (plateau)" if scope == "plateau" else ""), statistic=name,
+                                     scope=scope, k=k, model=model, value=v, lo=lo, hi=hi, ensemble_predicts=ens,
+                                     flow_predicts=flow,
+                                     in_ensemble_region=bool(np.isfinite(lo) and r_lo <= lo and hi <= r_hi),
+                                     held_on_control=held, separates_controls=cal["separates"],
+                                     threshold=cal["threshold"], reading=reading))
     return pd.DataFrame(rows)
-
-
-def order_pairs(effects: pd.DataFrame) -> pd.DataFrame:
-    """One row per reordering of a deleted set (prediction 3, like with like): model, scope, k, distance d̄, the
-    reordering's Δloss, the Δloss of deleting the same blocks, their ratio, and the norm-matched reordering's Δloss."""
-    order = effects[(effects["family"] == "order") & (effects["rule"] == "shift")]
-    dele = effects[(effects["family"] == "delete") & (effects["rule"] == "random") & ~effects["rescale"]]
-    norm = effects[(effects["family"] == "order") & (effects["rule"] == "shift-norm")]
-    out = order.merge(dele[["model", "pair", "delta_loss"]], on=["model", "pair"], suffixes=("", "_deleted"))
-    out = out.merge(norm[["model", "pair", "delta_loss"]].rename(columns={"delta_loss": "delta_loss_norm_matched"}),
-                    on=["model", "pair"], how="left")
-    out["ratio"] = out["delta_loss"] / out["delta_loss_deleted"]
-    return out[["model", "scope", "k", "blocks", "distance", "third", "delta_loss", "delta_loss_deleted", "ratio",
-                "delta_loss_norm_matched"]]
-
-
-def norm_profile(influence: pd.DataFrame) -> pd.DataFrame:
-    """Per model and block: the mean stream norm ‖h_i‖ at the block's input over that at the first middle block's,
-    and the relative depth (i + ½)/ℓ (the ranking documents' means)."""
-    rows = []
-    for model, g in influence.groupby("model", sort=False):
-        g = g.sort_values("block")
-        L = len(g)
-        first = g["norm"].to_numpy()[middle_blocks(L)][0]
-        rows.append(pd.DataFrame({"model": model, "block": g["block"], "depth": (g["block"] + 0.5) / L,
-                                  "norm": g["norm"], "relative_norm": g["norm"] / first,
-                                  "plateau": g.get("plateau", False)}))
-    return pd.concat(rows, ignore_index=True)
 
 
 def _num(v: float, lo: float, hi: float) -> str:
@@ -256,8 +246,9 @@ def verdict_sentences(table: pd.DataFrame) -> list[str]:
     """One paragraph per prediction of :func:`prediction_table`: the two controls' values, whether the prediction held
     on its control and separated the controls, and what each LM's value says; every number with its 95 % interval."""
     out = []
-    for (label, name), g in table.groupby(["prediction", "statistic"], sort=False):
+    for (label, name, k), g in table.groupby(["prediction", "statistic", "k"], sort=False):
         rows = {r.model: r for r in g.itertuples()}
+        label = label if k == 0 else f"{label}, k = {k}"
         e, f = rows.get("toy independent"), rows.get("toy tied")
         if e is None or f is None:
             continue
@@ -292,3 +283,31 @@ def formatted(table: pd.DataFrame, index: str | list[str], columns: str = "model
                   for v, lo, hi in zip(t["value"], t["lo"], t["hi"])]
     order = list(dict.fromkeys(t[columns]))
     return t.pivot_table(index=index, columns=columns, values="shown", aggfunc="first", sort=False)[order]
+
+
+def order_pairs(effects: pd.DataFrame) -> pd.DataFrame:
+    """One row per reordering of a deleted set (prediction 3, like with like): model, scope, k, distance d̄, the
+    reordering's Δloss, the Δloss of deleting the same blocks, their ratio, and the norm-matched reordering's Δloss."""
+    order = effects[(effects["family"] == "order") & (effects["rule"] == "shift")]
+    dele = effects[(effects["family"] == "delete") & (effects["rule"] == "random") & ~effects["rescale"]]
+    norm = effects[(effects["family"] == "order") & (effects["rule"] == "shift-norm")]
+    out = order.merge(dele[["model", "pair", "delta_loss"]], on=["model", "pair"], suffixes=("", "_deleted"))
+    out = out.merge(norm[["model", "pair", "delta_loss"]].rename(columns={"delta_loss": "delta_loss_norm_matched"}),
+                    on=["model", "pair"], how="left")
+    out["ratio"] = out["delta_loss"] / out["delta_loss_deleted"]
+    return out[["model", "scope", "k", "blocks", "distance", "third", "delta_loss", "delta_loss_deleted", "ratio",
+                "delta_loss_norm_matched"]]
+
+
+def norm_profile(influence: pd.DataFrame) -> pd.DataFrame:
+    """Per model and block: the mean stream norm ‖h_i‖ at the block's input over that at the first middle block's,
+    and the relative depth (i + ½)/ℓ (the ranking documents' means)."""
+    rows = []
+    for model, g in influence.groupby("model", sort=False):
+        g = g.sort_values("block")
+        L = len(g)
+        first = g["norm"].to_numpy()[middle_blocks(L)][0]
+        rows.append(pd.DataFrame({"model": model, "block": g["block"], "depth": (g["block"] + 0.5) / L,
+                                  "norm": g["norm"], "relative_norm": g["norm"] / first,
+                                  "plateau": g["plateau"] if "plateau" in g else False}))
+    return pd.concat(rows, ignore_index=True)
