@@ -210,8 +210,16 @@ def _replay_toy(run: results.Run, n_plans: int) -> pd.DataFrame:
                          "replayed": merged["loss_replayed"]})
 
 
-def settings_table(runs: dict[str, results.Run]) -> pd.DataFrame:
-    """One row per model or toy student: what was edited, on how much text or how many inputs, the unedited loss."""
+def settings_table(runs: dict[str, results.Run], stats: dict[str, dict] | None = None) -> pd.DataFrame:
+    """One row per model or toy student: what was edited, on how much text or how many inputs, the unedited loss (with
+    its 95 % bootstrap interval over documents when ``stats``, :func:`statistics`, is given)."""
+    from depthlib.interventions.predictions import interval
+
+    def loss(model: str, value: float, digits: int) -> str | float:
+        if not stats or model not in stats:
+            return round(value, digits)
+        v, lo, hi = interval(stats[model][("baseline", "", 0)])
+        return f"{v:.{digits}g} [{lo:.{digits}g}, {hi:.{digits}g}]"
     rows = []
     for name, run in runs.items():
         s, cfg = run.manifest["summary"], run.config
@@ -222,10 +230,10 @@ def settings_table(runs: dict[str, results.Run]) -> pd.DataFrame:
                 rows.append({"model": st.model, "blocks": int(st.depth), "plans": n_plans,
                              "scored": f"{cfg['docs']} slices × {cfg['inputs_per_doc']} inputs",
                              "training": f"chapter 3 converged ({st.route}), T = {st.temperature:g}",
-                             "unedited loss": round(float(st.loss_here), 6)})
+                             "unedited loss": loss(st.model, float(st.loss_here), 3)})
         else:
             rows.append({"model": name, "blocks": s["n_blocks"], "plans": s["n_plans"],
                          "scored": f"{s['n_docs']} docs × {cfg['max_length']} tokens, last {cfg['score_last']} scored "
                                    f"({s['n_tokens']} tokens)",
-                         "training": "pretrained (fp32)", "unedited loss": round(s["baseline_loss"], 4)})
+                         "training": "pretrained (fp32)", "unedited loss": loss(name, s["baseline_loss"], 4)})
     return pd.DataFrame(rows).set_index("model")
