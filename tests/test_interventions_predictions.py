@@ -239,3 +239,13 @@ def test_prediction_table_reads_an_lm_only_where_the_controls_separate():
     assert not theta.loc["toy independent", "held_on_control"] and theta.loc["lm", "reading"] == "not applied"
     text = " ".join(analysis.verdict_sentences(t))
     assert "failed on its own control" in text and "lm 0.02" in text
+
+
+def test_chapter_3s_rule_reads_intervals():
+    def sig(theta, lag):
+        return {("theta_update", "", 0): np.r_[theta, theta + 0.001 * np.arange(-50, 50)],
+                ("long_lag", "", 0): np.r_[lag, lag + 0.0001 * np.arange(-50, 50)]}
+    rules = analysis.rule_readings({"a": sig(1.5, 0.02), "b": sig(1.5, 0.3), "c": sig(1.2, 0.05)}).set_index("model")
+    assert rules.loc["a", "rule"] == "ensemble" and rules.loc["b", "rule"] == "not an ensemble"
+    assert rules.loc["c", "rule"] == "undecided"                  # θ's interval straddles 1.2
+    assert "→ ensemble" in analysis.rule_sentence(rules.reset_index())

@@ -187,6 +187,39 @@ def _keys(stats: dict[tuple, np.ndarray], name: str, scope: str) -> set[int]:
     return {k[2] for k in stats if k[0] == name and k[1] == scope}
 
 
+def _reading(value: tuple[float, float, float], cal: dict, ensemble: tuple, flow: tuple) -> str:
+    """:func:`~depthlib.interventions.predictions.side`, and "… beyond its control" where the whole interval also lies
+    past that control's interval (further from the threshold than the control itself)."""
+    where = pr.side(value, cal)
+    _, lo, hi = value
+    if where in ("ensemble", "flow"):
+        ctrl = ensemble if where == "ensemble" else flow
+        outward_low = (where == "ensemble") == cal["ensemble_below"]          # the control lies below the threshold
+        if (outward_low and hi < ctrl[1]) or (not outward_low and lo > ctrl[2]):
+            return f"{where} side, beyond the {where}'s control"
+    return where
+
+
+def rule_readings(per_model: dict[str, dict[tuple, np.ndarray]]) -> pd.DataFrame:
+    """Chapter 3's fixed rule on every model and pooled control: ensemble iff θ(Δh_l, Δh_l+1) > 1.2 rad and the
+    long-lag cosine < 0.1 — "ensemble" when both intervals clear their thresholds, "not an ensemble" when either
+    interval lies wholly on the wrong side, else "undecided"."""
+    rows = []
+    for model, stats in [*pooled_controls(per_model).items(), *per_model.items()]:
+        if ("theta_update", "", 0) not in stats or model.startswith("toy ") and len(model.split()) == 3:
+            continue
+        t, g = pr.interval(stats[("theta_update", "", 0)]), pr.interval(stats[("long_lag", "", 0)])
+        if t[1] > pr.THETA_MIN and g[2] < pr.LONG_LAG_MAX:
+            verdict = "ensemble"
+        elif t[2] < pr.THETA_MIN or g[1] > pr.LONG_LAG_MAX:
+            verdict = "not an ensemble"
+        else:
+            verdict = "undecided"
+        rows.append(dict(model=model, theta=t[0], theta_lo=t[1], theta_hi=t[2], long_lag=g[0], long_lag_lo=g[1],
+                         long_lag_hi=g[2], rule=verdict))
+    return pd.DataFrame(rows)
+
+
 def prediction_table(per_model: dict[str, dict[tuple, np.ndarray]], lms: list[str]) -> pd.DataFrame:
     """One row per (prediction, k, model) for the two pooled controls (:func:`pooled_controls`) and the LMs: the
     measured value and its interval, whether it lies in the ensemble's region, whether the statistic held on its
@@ -224,8 +257,8 @@ def prediction_table(per_model: dict[str, dict[tuple, np.ndarray]], lms: list[st
                     elif not (held and cal["separates"]):
                         reading = "not applied"
                     else:
-                        reading = pr.side((v, lo, hi), cal)
-                        if name == "alpha_del" and reading == "ensemble":
+                        reading = _reading((v, lo, hi), cal, e, f)
+                        if name == "alpha_del" and reading.startswith("ensemble"):
                             reading = "undecided (α̂ is a lower bound)"
                     rows.append(dict(prediction=label + (" (plateau)" if scope == "plateau" else ""), statistic=name,
                                      scope=scope, k=k, model=model, value=v, lo=lo, hi=hi, ensemble_predicts=ens,
@@ -269,6 +302,15 @@ def verdict_sentences(table: pd.DataFrame) -> list[str]:
                 f"{r.model} {_num(r.value, r.lo, r.hi)} — {r.reading}" for r in lm)
         out.append(text + ".")
     return out
+
+
+def rule_sentence(rules: pd.DataFrame) -> str:
+    """One sentence: chapter 3's fixed rule (θ > 1.2 rad and long-lag cosine < 0.1) on every model of
+    :func:`rule_readings`."""
+    parts = [f"{r.model}: θ = {_num(r.theta, r.theta_lo, r.theta_hi)} rad, long-lag cos = "
+             f"{_num(r.long_lag, r.long_lag_lo, r.long_lag_hi)} → {r.rule}" for r in rules.itertuples()]
+    return "**Chapter 3's fixed rule** (ensemble iff θ(Δh_l, Δh_l+1) > 1.2 rad and long-lag cosine < 0.1): " + \
+        "; ".join(parts) + "."
 
 
 def middle_sizes(plans: pd.DataFrame) -> dict[str, int]:
