@@ -249,3 +249,9 @@ def test_chapter_3s_rule_reads_intervals():
     assert rules.loc["a", "rule"] == "ensemble" and rules.loc["b", "rule"] == "not an ensemble"
     assert rules.loc["c", "rule"] == "undecided"                  # θ's interval straddles 1.2
     assert "→ ensemble" in analysis.rule_sentence(rules.reset_index())
+
+
+def test_norm_sentence_reports_the_norm_matched_fraction():
+    col = np.r_[0.8, 0.8 + 0.01 * np.sin(np.arange(100))]
+    text = analysis.norm_sentence({"lm": {("norm_ratio", "middle", 6): col}})
+    assert "lm (k = 6) 0.8 [" in text and analysis.norm_sentence({"lm": {}}) == ""

@@ -353,3 +353,20 @@ def norm_profile(influence: pd.DataFrame) -> pd.DataFrame:
                                   "norm": g["norm"], "relative_norm": g["norm"] / first,
                                   "plateau": g["plateau"] if "plateau" in g else False}))
     return pd.concat(rows, ignore_index=True)
+
+
+def norm_sentence(per_model: dict[str, dict[tuple, np.ndarray]]) -> str:
+    """One sentence: how much of a reordering's cost is left when each moved block's update is norm-matched
+    (``norm_ratio``: norm-matched over plain, the same sets), per LM and pooled control."""
+    parts = []
+    for model, stats in [*pooled_controls(per_model).items(), *per_model.items()]:
+        if model.startswith("toy ") and len(model.split()) == 3:
+            continue
+        for key in sorted(k for k in stats if k[0] == "norm_ratio"):
+            v, lo, hi = pr.interval(stats[key])
+            parts.append(f"{model} (k = {key[2]}) {_num(v, lo, hi)}")
+    if not parts:
+        return ""
+    return ("**Norm or order?** A norm-matched reordering (each moved block's update scaled to the stream norm of its new "
+            "slot) costs, as a fraction of the plain reordering of the same blocks: " + "; ".join(parts) +
+            ". A fraction near 1 means the stream's norm explains little of the cost; order does.")
