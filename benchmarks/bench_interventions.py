@@ -1,11 +1,13 @@
 """Chapter 5's cost: seconds per plan on one batch of the ``cpu`` profile, with and without prefix reuse, and the
-projected wall time of the chapter's cpu run (numbers, never a pass/fail).
+projected wall time of the chapter's cpu run (numbers, never a pass/fail). Run it with one torch thread
+(``OMP_NUM_THREADS=1``) to size the one-core cpu run.
 
     python benchmarks/bench_interventions.py [--models gemma-3-270m smollm2-135m] [--plans 12]
 
-For each model: the unedited capture of one batch of the cpu profile (8 addresses × 64 tokens), then ``--plans``
-plans of the suite spread over its families, each scored with the recorded prefix reused and recomputed from h_0 (ratio = the gain
-of reusing it); the scoring (final norm, unembedding, log-softmax, KL) is timed apart from the blocks.
+For each model: the unedited capture of one batch of the cpu profile (4 addresses × 256 tokens, the last 128
+scored), then ``--plans`` plans of the model's suite spread over its families, each scored with the recorded prefix
+reused and recomputed from h_0 (ratio = the gain of reusing it); the scoring (final norm, unembedding of the scored
+positions, log-softmax, KL) is timed apart from the blocks.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from depthlib import data
 from depthlib.interventions import _encode
 from depthlib.interventions.chapter import PROFILES
 from depthlib.interventions.execute import capture_lm, run_plan
+from depthlib.interventions.predictions import plateau
 from depthlib.interventions.rankings import BlockSimilarity
 from depthlib.interventions.suite import build_plans
 from depthlib.models import load_model
@@ -27,7 +30,7 @@ from depthlib.models.arch import arch_of
 
 def bench(model: str, n_plans: int) -> dict:
     profile = PROFILES["cpu"]
-    cfg = profile.config
+    cfg = profile.config_for(model)
     m, tok = load_model(model, dtype=torch.float32)
     tok.padding_side = "right"
     arch = arch_of(m)
@@ -35,11 +38,13 @@ def bench(model: str, n_plans: int) -> dict:
     ids, mask = _encode(tok, docs, cfg, "cpu")
     with torch.no_grad():
         t0 = time.perf_counter()
-        b = capture_lm(m, ids, mask, arch)
+        b = capture_lm(m, ids, mask, arch, score_last=cfg.score_last)
         capture_s = time.perf_counter() - t0
         sim = BlockSimilarity(arch.n_layers)
         sim.update(b.states, mask.bool())
-        plans, meta = build_plans(arch.n_layers, cfg.suite, sim.distances(), sim.influence())
+        influence = sim.influence()
+        plans, meta = build_plans(arch.n_layers, cfg.suite, influence["norm"].to_numpy(),
+                                  plateau(influence["theta"].to_numpy(), arch.n_layers, cfg.plateau_tol))
         texts = list(plans)
         chosen = [texts[i] for i in np.linspace(1, len(texts) - 1, n_plans).astype(int)]
         reuse = scratch = score = 0.0

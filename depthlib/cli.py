@@ -421,7 +421,9 @@ def _add_intervene(sub) -> None:
     p.add_argument("--docs", type=int, default=8, metavar="N", help="scored documents (default 8)")
     p.add_argument("--rank-docs", type=int, default=8, metavar="N",
                    help="documents before the scored ones on which the rankings are computed (default 8)")
-    p.add_argument("--max-length", type=int, default=128, metavar="T", help="tokens per document (default 128)")
+    p.add_argument("--max-length", type=int, default=256, metavar="T", help="tokens per document (default 256)")
+    p.add_argument("--score-last", type=int, default=None, metavar="N",
+                   help="score the next-token predictions of the last N positions only (default: min(128, T − 1))")
     p.add_argument("--batch-size", type=int, default=4, help="documents per forward pass (default 4)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     _add_force(p)
@@ -437,8 +439,11 @@ def _cmd_intervene(args) -> dict[str, Any]:
     validate.accessible("--model", args.model)
     validate.int_in_range("--docs", args.docs, 1)
     validate.model_files("--model", args.model)
-    cfg = interventions.InterventionConfig(max_length=args.max_length, batch_size=args.batch_size,
-                                           rank_docs=args.rank_docs, device=args.device).validate()
+    validate.int_in_range("--max-length", args.max_length, 2)
+    score_last = min(128, args.max_length - 1) if args.score_last is None else args.score_last
+    cfg = interventions.InterventionConfig(max_length=args.max_length, score_last=score_last,
+                                           batch_size=args.batch_size, rank_docs=args.rank_docs,
+                                           device=args.device).validate()
     run = chapter.compute(args.model, args.corpus, args.docs, cfg, plans=args.plan, progress=True, force=args.force)
     s = chapter.summary(run)
     return {"model": args.model, "n_blocks": s["n_blocks"], "documents": s["n_docs"], "tokens": s["n_tokens"],

@@ -13,3 +13,8 @@ class InputError(ValueError):
 class MachineError(RuntimeError):
     """The machine cannot do what was asked (no SLURM here, an executor's package missing): one line, exit status 1,
     raised before anything is computed or deleted."""
+
+
+class ReplayUnavailable(MachineError):
+    """A committed run's replay needs files a fresh clone does not have (e.g. chapter 3's converged student weights,
+    which live only in the local cache): the replay test skips with this one-line reason."""

@@ -100,7 +100,11 @@ def test_committed_run_replays(manifest):
     experiment = manifest.parent.parent.name
     run = results.Run(experiment, {}, manifest.parent)
     run.config = run.manifest["config"]
-    table = chapter_of(experiment).module.replay(run)
+    from depthlib.errors import ReplayUnavailable
+    try:
+        table = chapter_of(experiment).module.replay(run)
+    except ReplayUnavailable as err:                  # weights a fresh clone never has (chapter 5's toy controls)
+        pytest.skip(str(err))
     assert len(table) > 0 and table["committed"].notna().all(), "the replay found nothing to compare"
     committed, replayed = table["committed"].to_numpy(float), table["replayed"].to_numpy(float)
     allowed = _rtol(experiment) * np.abs(committed) + (table["atol"].to_numpy(float) if "atol" in table else 0.0) + ATOL

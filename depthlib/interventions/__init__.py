@@ -7,11 +7,12 @@ sequence. Compositional assembly predicts the opposite on all three. Modules:
 
 - :mod:`~depthlib.interventions.plan`      which block runs on which input (text form, builders, validation)
 - :mod:`~depthlib.interventions.execute`   run a plan on a model's own blocks; score it against the unedited model
-- :mod:`~depthlib.interventions.rankings`  Gromov et al.'s angular distance, ShortGPT's Block Influence
+- :mod:`~depthlib.interventions.rankings`  Gromov et al.'s angular distance, ShortGPT's Block Influence, stream norms
+- :mod:`~depthlib.interventions.predictions` what an ensemble and a smooth flow predict; the plateau rule; intervals
 - :mod:`~depthlib.interventions.suite`     the plans the chapter runs on every model
 - :mod:`~depthlib.interventions.evaluate`  many plans × batches, checkpointed
-- :mod:`~depthlib.interventions.toy`       the same on chapter 3's toy students (the calibration)
-- :mod:`~depthlib.interventions.analysis`  tidy summaries, the deletion-curve fit ΔL(k) = c[(ℓ−k)^−α − ℓ^−α]
+- :mod:`~depthlib.interventions.toy`       the same on chapter 3's converged toy students (the controls)
+- :mod:`~depthlib.interventions.analysis`  tidy summaries: every prediction's statistic with its interval
 - :mod:`~depthlib.interventions.chapter`   profiles, the runs the chapter shows, replay
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ from depthlib.finite import check_weights
 from depthlib.interventions.evaluate import batched, score_plans
 from depthlib.interventions.execute import capture_lm
 from depthlib.interventions.plan import identity, parse_plan
+from depthlib.interventions.predictions import plateau as plateau_blocks
+from depthlib.interventions.predictions import update_signature
 from depthlib.interventions.rankings import BlockSimilarity
 from depthlib.interventions.suite import SuiteConfig, build_plans
 from depthlib.validate import int_in_range, resolve_device
@@ -37,24 +40,33 @@ from depthlib.validate import int_in_range, resolve_device
 #: The modules whose code computes an intervention run (their fingerprint marks a committed run stale).
 CODE = ("depthlib.interventions", "depthlib.interventions.plan", "depthlib.interventions.execute",
         "depthlib.interventions.rankings", "depthlib.interventions.suite", "depthlib.interventions.evaluate",
-        "depthlib.interventions.toy", "depthlib.measures", "depthlib.models.arch", "depthlib.models.loading", "depthlib.data")
-TABLES = ("plans", "scores", "distances", "influence", "docs")
+        "depthlib.interventions.toy", "depthlib.interventions.predictions", "depthlib.measures", "depthlib.models.arch",
+        "depthlib.models.loading", "depthlib.data")
+TABLES = ("plans", "scores", "distances", "influence", "docs", "signature")
 
 
 @dataclass(frozen=True)
 class InterventionConfig:
     """How to run the plans on a real LM (fp32). Defaults suit a 2-core CPU; the profiles are in chapter.PROFILES."""
 
-    max_length: int = 128          # tokens per document (longer ones truncated)
-    batch_size: int = 4            # documents per forward; Gemma's 262k-vocab probabilities: 0.5 GB fp32 per 512 tokens
-    rank_docs: int = 8             # documents the rankings (angular distance, Block Influence) are computed on;
-                                   # the scored documents are the next n_docs, so no rule is chosen on its test text
+    max_length: int = 256          # tokens per document (longer ones truncated): long enough that the first
+                                   # positions' attention sinks do not dominate
+    score_last: int = 128          # score the next-token predictions of the last 128 positions only (each sees
+                                   # ≥ 127 tokens of context; the unembedding is computed only there)
+    batch_size: int = 4            # documents per forward; Gemma's 262k-vocab reference: 134 MB fp32 per document
+    rank_docs: int = 16            # documents the rankings, the plateau, the norms and the long-lag signature are
+                                   # computed on; the scored documents are the next n_docs, so no rule is chosen
+                                   # on its test text
+    plateau_tol: float = 1.5       # the plateau rule's factor (predictions.plateau)
     add_special_tokens: bool = True  # Gemma adds <bos>, SmolLM2 nothing (as the probes, §2.1)
     device: str = "cpu"
     suite: SuiteConfig = field(default_factory=SuiteConfig)
 
     def validate(self) -> "InterventionConfig":
         int_in_range("max_length", self.max_length, 2)
+        int_in_range("score_last", self.score_last, 1, self.max_length - 1)
+        if not self.plateau_tol > 1:
+            raise InputError(f"plateau_tol must be > 1, got {self.plateau_tol}")
         int_in_range("batch_size", self.batch_size, 1)
         int_in_range("rank_docs", self.rank_docs, 1)
         resolve_device(self.device)
@@ -93,8 +105,10 @@ def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config:
     """Run the chapter's plan suite (or the given plan texts, with the identity added) on ``model``; cached.
 
     Tables: ``plans`` (one row per plan and rule), ``scores`` (per plan and scored document: loss, KL to the
-    unedited model and top-1 agreement summed over predicted tokens, and their count), ``distances`` and
-    ``influence`` (the rankings, on the ``rank_docs`` documents before the scored ones) and ``docs``.
+    unedited model and top-1 agreement summed over the last ``score_last`` predicted tokens, and their count),
+    ``distances`` and ``influence`` (the rankings, step angles, stream norms and the plateau, on the ``rank_docs``
+    documents before the scored ones), ``signature`` (per ranking document: the update angle and long-lag cosine
+    sums, :func:`~depthlib.interventions.predictions.update_signature`) and ``docs``.
     """
     from depthlib import data
     from depthlib.models import load_model
@@ -126,21 +140,29 @@ def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config:
 
     with torch.no_grad():
         sim = BlockSimilarity(L)
-        for _, chunk in batched(rank_docs, cfg.batch_size):
+        signature = []
+        for start, chunk in batched(rank_docs, cfg.batch_size):
             ids, mask = _encode(tok, chunk, cfg, device)
-            sim.update(capture_lm(m, ids, mask, arch).states, mask.bool())
+            states = capture_lm(m, ids, mask, arch, score_last=1).states
+            sim.update(states, mask.bool())
+            signature.append(update_signature(states, mask).assign(doc=lambda d, s=start: d["doc"] + s))
     distances, influence = sim.distances(), sim.influence()
+    plateau = plateau_blocks(influence["theta"].to_numpy(), L, cfg.plateau_tol)
+    influence["plateau"] = influence["block"].isin(plateau)
+    signature = pd.concat(signature, ignore_index=True)
     if custom is None:
-        plan_set, meta = build_plans(L, cfg.suite, distances, influence)
+        plan_set, meta = build_plans(L, cfg.suite, influence["norm"].to_numpy(), plateau)
     else:
         plan_set = {p.text(): p for p in [identity(L), *custom]}
-        meta = pd.DataFrame([dict(family="identity" if p.is_identity else "custom", rule="custom", k=0, start=-1,
-                                  draw=0, rescale=False, plan=t) for t, p in plan_set.items()])
+        meta = pd.DataFrame([dict(family="identity" if p.is_identity else "custom",
+                                  rule="identity" if p.is_identity else "custom", scope="", k=0, start=-1, draw=0,
+                                  rescale=False, blocks="", distance=0.0, third="", pair="", plan=t)
+                             for t, p in plan_set.items()])
 
     def capture(chunk):
         def go():
             ids, mask = _encode(tok, chunk, cfg, device)
-            return capture_lm(m, ids, mask, arch)
+            return capture_lm(m, ids, mask, arch, score_last=cfg.score_last)
         return go
     batches = [(list(range(start, start + len(chunk))), capture(chunk)) for start, chunk in batched(eval_docs, cfg.batch_size)]
     setup_s = time.perf_counter() - t0
@@ -150,14 +172,14 @@ def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config:
                               "n_predicted": scores[scores["plan"] == identity(L).text()]
                               .sort_values("doc_index")["n"].to_numpy()})
     for name, df in (("plans", meta), ("scores", scores), ("distances", distances), ("influence", influence),
-                     ("docs", doc_table)):
+                     ("docs", doc_table), ("signature", signature)):
         run.write_table(name, df)
-    from depthlib.interventions.analysis import baseline_loss
     run.finish(profile=profile, seed=cfg.suite.seed, wall_time_s=setup_s + seconds, device=str(device),
                code=CODE, model=model, corpus=corpus,
                summary=dict(n_blocks=L, d_model=arch.d_model, family=arch.name, n_plans=len(plan_set),
-                            n_docs=len(eval_docs), n_tokens=int(doc_table["n_predicted"].sum()),
-                            baseline_loss=baseline_loss(scores, identity(L).text())))
+                            n_docs=len(eval_docs), n_tokens=int(doc_table["n_predicted"].sum()), plateau=plateau,
+                            baseline_loss=float(scores.loc[scores["plan"] == identity(L).text(), "loss"].sum()
+                                                / doc_table["n_predicted"].sum())))
     (run.path / "checkpoint.pt").unlink(missing_ok=True)
     return run
 

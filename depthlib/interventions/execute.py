@@ -63,7 +63,8 @@ class LMBatch:
     input_ids: torch.Tensor             # (batch, seq)
     mask: torch.Tensor                  # (batch, seq) bool: real tokens (not padding)
     ref_logp: list[torch.Tensor] | None = None   # per document (seq-1, vocab) fp32: log p_unedited(next token)
-    ref_top: torch.Tensor | None = None        # (batch, seq-1): its top-1 token
+    ref_top: torch.Tensor | None = None        # (batch, scored): its top-1 token
+    score_from: int = 0                        # first position whose next token is scored (the last ones only)
 
     @property
     def n_blocks(self) -> int:
@@ -75,8 +76,9 @@ class LMBatch:
         return block_output(self.arch.layers[i](*args, **kwargs))
 
     def next_token_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits of the next token from a final stream h (batch, seq, d): the model's own norm, head, soft-cap."""
-        return self.arch.unembed(h)[:, :-1].float()                         # (batch, seq-1, vocab)
+        """Logits of the next token at the scored positions ``score_from`` … seq−2 from a final stream h (batch, seq,
+        d): the model's own norm, head, soft-cap, computed only where scored (the unembedding dominates the cost)."""
+        return self.arch.unembed(h[:, self.score_from:-1]).float()          # (batch, scored, vocab)
 
     def logprobs(self, h: torch.Tensor) -> torch.Tensor:
         """log p(next token) (batch, seq-1, vocab)."""
@@ -100,8 +102,9 @@ class LMBatch:
         leaves a round-off floor of either sign). A token's KL is clipped at 0 from below, where round-off of
         nearly equal distributions would make it negative (KL ≥ 0 exactly).
         """
-        valid = (self.mask[:, :-1] & self.mask[:, 1:]).float()              # (batch, seq-1) predicted real tokens
-        targets = self.input_ids[:, 1:]
+        s = self.score_from
+        valid = (self.mask[:, s:-1] & self.mask[:, s + 1:]).float()         # (batch, scored) predicted real tokens
+        targets = self.input_ids[:, s + 1:]
         out = {k: torch.zeros(h.shape[0]) for k in SCORES}
         for d in range(h.shape[0]):                                           # one document at a time: bounded memory
             lq = self.doc_logprobs(h, d)                                     # (seq-1, vocab)
@@ -117,8 +120,9 @@ class LMBatch:
 
 @torch.no_grad()
 def capture_lm(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-               arch: Arch | None = None) -> LMBatch:
-    """Run the unedited model once and record h_0 … h_L, every block's call and the reference log-probabilities."""
+               arch: Arch | None = None, score_last: int | None = None) -> LMBatch:
+    """Run the unedited model once and record h_0 … h_L, every block's call and the reference log-probabilities.
+    ``score_last``: score only the next-token predictions of the last ``score_last`` positions (None: all)."""
     arch = arch or arch_of(model)
     L = arch.n_layers
     states: list[torch.Tensor | None] = [None] * (L + 1)
@@ -142,6 +146,8 @@ def capture_lm(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | No
     if any(s is None for s in states) or any(c is None for c in calls):
         raise RuntimeError(f"hooks did not fire on every block of {arch.name}")
     mask = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).bool()
-    batch = LMBatch(arch, states, calls, input_ids, mask)
+    seq = input_ids.shape[1]
+    score_from = 0 if score_last is None else max(0, seq - 1 - int(score_last))
+    batch = LMBatch(arch, states, calls, input_ids, mask, score_from=score_from)
     batch.set_reference()
     return batch

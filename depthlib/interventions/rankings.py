@@ -25,6 +25,7 @@ class BlockSimilarity:
         self.n_blocks = n_blocks
         self.angle_sum = torch.zeros(n_blocks + 1, n_blocks + 1, dtype=torch.float64)   # [i, j]: Σ θ(h_i, h_j), i < j
         self.cos_sum = torch.zeros(n_blocks, dtype=torch.float64)                      # [i]: Σ cos(h_i, h_{i+1})
+        self.norm_sum = torch.zeros(n_blocks + 1, dtype=torch.float64)                 # [i]: Σ ‖h_i‖
         self.n_tokens = 0
 
     def update(self, states: list[torch.Tensor], mask: torch.Tensor | None = None) -> None:
@@ -36,6 +37,7 @@ class BlockSimilarity:
             i = torch.arange(self.n_blocks + 1 - n)
             self.angle_sum[i, i + n] += theta.double().sum(-1)
         self.cos_sum += torch.nn.functional.cosine_similarity(X[:-1], X[1:], dim=-1).double().sum(-1)
+        self.norm_sum += X.double().norm(dim=-1).sum(-1)
         self.n_tokens += X.shape[1]
 
     def distances(self) -> pd.DataFrame:
@@ -46,10 +48,13 @@ class BlockSimilarity:
         return pd.DataFrame(rows)
 
     def influence(self) -> pd.DataFrame:
-        """One row per block i: Block Influence BI_i = 1 − mean cos(h_i, h_{i+1}) (ShortGPT) and the mean angle."""
+        """One row per block i: Block Influence BI_i = 1 − mean cos(h_i, h_{i+1}) (ShortGPT), the mean step angle
+        θ(h_i, h_{i+1}) and the mean stream norm ‖h_i‖ at the block's input (and ``norm_out``, ‖h_{i+1}‖)."""
         cos = (self.cos_sum / max(self.n_tokens, 1)).numpy()
         theta = np.diag((self.angle_sum / max(self.n_tokens, 1)).numpy(), 1)
-        return pd.DataFrame({"block": np.arange(self.n_blocks), "block_influence": 1 - cos, "theta": theta})
+        norm = (self.norm_sum / max(self.n_tokens, 1)).numpy()
+        return pd.DataFrame({"block": np.arange(self.n_blocks), "block_influence": 1 - cos, "theta": theta,
+                             "norm": norm[:-1], "norm_out": norm[1:]})
 
 
 def gromov_blocks(distances: pd.DataFrame, n: int) -> list[int]:

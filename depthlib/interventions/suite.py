@@ -1,11 +1,16 @@
-"""The plans chapter 5 runs on every model: delete, reorder and parallelise blocks (ensemble predictions (i)–(iii)).
+"""The plans chapter 5 runs on every model: delete, reorder and parallelise blocks (predictions 1–4 of
+:mod:`depthlib.interventions.predictions`).
 
-(i) deletion: every block alone; k blocks by Gromov et al.'s rule, by ShortGPT's order, as random middle subsets
-    (several draws), the first k and the last k; the middle rules also with the remaining middle updates rescaled
-    by ℓ_m/(ℓ_m − k);
-(ii) order: the middle blocks reversed, random permutations of them, adjacent swaps spread over the middle;
-(iii) parallel: g consecutive middle blocks on one input, updates summed, at non-overlapping positions across the
-    middle; and the same groups averaged ("Transformer Layers as Painters").
+(i) deletion: every block alone (the cost by position); k random middle blocks, ``draws`` times per k, plain and
+    with the remaining middle updates rescaled by ℓ_m/(ℓ_m − k);
+(ii) order, like with like: every deleted set of k blocks is also *reordered* in place (each block of the set moves
+    to the next slot of the set, cyclically shifted by a random r: all k blocks move), so a reordering is compared
+    with deleting exactly the blocks it moves; the same on sets drawn from the plateau of similar middle blocks
+    (:func:`~depthlib.interventions.predictions.plateau`, chosen on the ranking documents); optionally the
+    largest-k reorderings again with each moved block's update scaled by the stream norm at its new slot over the
+    norm at its own (norm-matched), random permutations of the whole middle and its reversal;
+(iii) parallel: g consecutive middle blocks on one input, updates summed, and the same groups averaged
+    ("Transformer Layers as Painters"), at ``group_positions`` positions spread over the middle.
 
 Every plan gets one row of metadata; identical plans reached by two rules are evaluated once (keyed by their text).
 """
@@ -17,77 +22,109 @@ import numpy as np
 import pandas as pd
 
 from depthlib.interventions import plan as P
-from depthlib.interventions.rankings import gromov_blocks, shortgpt_blocks
+from depthlib.interventions.predictions import mean_displacement, third
 from depthlib.validate import distinct, int_in_range
 
 
 @dataclass(frozen=True)
 class SuiteConfig:
-    """Which plans to run. Defaults are the ``cpu`` profile's (sized for 2 cores, see chapter.PROFILES)."""
+    """Which plans to run. Defaults are the toy controls' (cheap); the LM profiles are in chapter.PROFILES."""
 
-    ks: tuple[int, ...] = (1, 2, 4, 8)        # numbers of blocks deleted (kept below the number of middle blocks)
-    draws: int = 3                            # random middle subsets per k (a band, not one lucky draw)
-    rescale: bool = True                      # also the rescaled deletions (keep the total middle step)
-    each_block: bool = True                   # delete every block alone (the per-block cost profile)
-    permutations: int = 10                    # random orders of all middle blocks (a distribution)
-    swaps: int = 6                            # adjacent swaps, spread evenly over the middle
-    group_sizes: tuple[int, ...] = (2, 4, 8)  # parallel group sizes g
-    seed: int = 0                             # random subsets and permutations
+    ks: tuple[int, ...] = (2, 4, 8)           # blocks deleted (and moved by the paired reorderings)
+    draws: int = 10                           # random middle sets per k (the issue's minimum)
+    rescale: bool = True                      # also the rescaled deletions (prediction 1)
+    reorder: bool = True                      # the paired reordering of every deleted set (prediction 3)
+    each_block: bool = True                   # delete every block alone (the cost by position)
+    plateau_k: int = 4                        # size of the sets reordered inside the plateau (0: none)
+    plateau_draws: int = 10                   # ... and how many
+    norm_matched: int = 10                    # largest-k reorderings also run norm-matched (0: none)
+    permutations: int = 10                    # random orders of the whole middle (cost at large distance)
+    reverse: bool = True                      # the whole middle reversed
+    group_sizes: tuple[int, ...] = (2, 4, 8)  # parallel group sizes g (prediction 4)
+    group_positions: int = 3                  # group positions per g, spread over the middle
+    seed: int = 0                             # random sets, shifts and permutations
 
     def validate(self) -> "SuiteConfig":
         for k in distinct("ks", self.ks):
             int_in_range("k (blocks deleted)", k, 1)
         for g in distinct("group sizes", self.group_sizes):
             int_in_range("parallel group size", g, 2)
-        int_in_range("draws", self.draws, 0)
-        int_in_range("permutations", self.permutations, 0)
-        int_in_range("swaps", self.swaps, 0)
+        for name in ("draws", "plateau_k", "plateau_draws", "norm_matched", "permutations", "group_positions"):
+            int_in_range(name.replace("_", " "), getattr(self, name), 0)
         int_in_range("seed", self.seed, 0, 2**63 - 1)
         return self
 
 
-def build_plans(n_blocks: int, cfg: SuiteConfig, distances: pd.DataFrame, influence: pd.DataFrame
+def build_plans(n_blocks: int, cfg: SuiteConfig, norms: np.ndarray | None = None, plateau: list[int] | None = None
                 ) -> tuple[dict[str, P.Plan], pd.DataFrame]:
-    """({plan text: plan}, metadata) for a model of ``n_blocks`` blocks. Metadata columns: family (identity |
-    delete | order | parallel), rule, k (blocks deleted or group size), start, draw, rescale, plan (its text)."""
+    """({plan text: plan}, metadata) for a model of ``n_blocks`` blocks. ``norms``: the mean stream norm ‖h_i‖ at
+    each block's input (ranking documents; needed for norm-matched plans); ``plateau``: its blocks ([]: none).
+
+    Metadata columns: family (identity | delete | order | parallel), rule, scope (middle | plateau | block), k
+    (blocks deleted or moved, or group size), start (first block), draw, rescale, blocks (the set, space-separated),
+    distance (mean |π(i) − i| of a reordering), third (of the middle the set's mean falls in), pair (a deleted set's
+    id, shared with its reordering), plan (its text)."""
     rng = np.random.default_rng(cfg.seed)
     mid = P.middle(n_blocks)
+    plateau = list(plateau or [])
     plans: dict[str, P.Plan] = {}
     rows: list[dict] = []
 
-    def add(plan: P.Plan, family: str, rule: str, k: int = 0, start: int = -1, draw: int = 0, rescale: bool = False):
+    def add(plan: P.Plan, family: str, rule: str, blocks, *, scope: str = "middle", k: int | None = None, draw: int = 0,
+            rescale: bool = False, distance: float = 0.0, pair: str = ""):
         text = plan.text()
         plans.setdefault(text, plan)
-        rows.append(dict(family=family, rule=rule, k=k, start=start, draw=draw, rescale=rescale, plan=text))
+        blocks = [int(b) for b in blocks]
+        rows.append(dict(family=family, rule=rule, scope=scope, k=len(blocks) if k is None else k, start=min(blocks, default=-1),
+                         draw=draw, rescale=rescale, blocks=" ".join(map(str, blocks)), distance=float(distance),
+                         third=third(blocks, n_blocks) if blocks and n_blocks > 2 else "", pair=pair, plan=text))
 
-    add(P.identity(n_blocks), "identity", "identity")
+    def shifted(chosen: list[int]) -> list[int]:
+        r = int(rng.integers(1, len(chosen)))                      # every block of the set moves
+        return chosen[r:] + chosen[:r]
+
+    def reordered(chosen: list[int], new: list[int], scales: dict[int, float] | None = None) -> P.Plan:
+        where = dict(zip(chosen, new))
+        return P.sequence(n_blocks, [where.get(b, b) for b in range(n_blocks)], scales)
+
+    add(P.identity(n_blocks), "identity", "identity", [], k=0)
     if cfg.each_block and n_blocks > 1:
         for b in range(n_blocks):
-            add(P.delete(n_blocks, [b]), "delete", "each", 1, b)
+            add(P.delete(n_blocks, [b]), "delete", "each", [b], scope="block")
+    largest = max((k for k in cfg.ks if k < len(mid)), default=None)
+    matched = 0
     for k in (k for k in cfg.ks if k < len(mid)):
-        chosen = {"gromov": gromov_blocks(distances, k), "shortgpt": shortgpt_blocks(influence, k),
-                  "first": list(range(k)), "last": list(range(n_blocks - k, n_blocks))}
-        for rule, blocks in chosen.items():
-            add(P.delete(n_blocks, blocks), "delete", rule, k, blocks[0])
-        subsets = [sorted(rng.choice(mid, size=k, replace=False).tolist()) for _ in range(cfg.draws)]
-        for d, blocks in enumerate(subsets):
-            add(P.delete(n_blocks, blocks), "delete", "random", k, blocks[0], d)
-        if cfg.rescale:
-            for rule in ("gromov", "shortgpt"):
-                add(P.delete(n_blocks, chosen[rule], rescale=True), "delete", rule, k, chosen[rule][0], rescale=True)
-            for d, blocks in enumerate(subsets):
-                add(P.delete(n_blocks, blocks, rescale=True), "delete", "random", k, blocks[0], d, rescale=True)
+        for d in range(cfg.draws):
+            chosen = sorted(int(b) for b in rng.choice(mid, size=k, replace=False))
+            pair = f"middle-{k}-{d}"
+            add(P.delete(n_blocks, chosen), "delete", "random", chosen, draw=d, pair=pair)
+            if cfg.rescale:
+                add(P.delete(n_blocks, chosen, rescale=True), "delete", "random", chosen, draw=d, rescale=True, pair=pair)
+            if cfg.reorder and k >= 2:
+                new = shifted(chosen)
+                dist = mean_displacement(new)
+                add(reordered(chosen, new), "order", "shift", chosen, draw=d, distance=dist, pair=pair)
+                if k == largest and matched < cfg.norm_matched and norms is not None:
+                    scales = {b: float(norms[s] / norms[b]) for s, b in zip(chosen, new)}
+                    add(reordered(chosen, new, scales), "order", "shift-norm", chosen, draw=d, distance=dist, pair=pair)
+                    matched += 1
+    if cfg.plateau_k >= 2 and len(plateau) > cfg.plateau_k:
+        for d in range(cfg.plateau_draws):
+            chosen = sorted(int(b) for b in rng.choice(plateau, size=cfg.plateau_k, replace=False))
+            new, pair = shifted(chosen), f"plateau-{cfg.plateau_k}-{d}"
+            add(P.delete(n_blocks, chosen), "delete", "random", chosen, scope="plateau", draw=d, pair=pair)
+            add(reordered(chosen, new), "order", "shift", chosen, scope="plateau", draw=d,
+                distance=mean_displacement(new), pair=pair)
     if len(mid) >= 2:
-        add(P.reorder(n_blocks, mid, mid[::-1]), "order", "reverse", len(mid), mid[0])
+        if cfg.reverse:
+            add(P.reorder(n_blocks, mid, mid[::-1]), "order", "reverse", mid, distance=mean_displacement(mid[::-1]))
         for d in range(cfg.permutations):
-            add(P.reorder(n_blocks, mid, rng.permutation(mid).tolist()), "order", "permutation", len(mid), mid[0], d)
-        starts = mid[:-1]
-        for i in sorted({starts[int(j)] for j in np.linspace(0, len(starts) - 1, min(cfg.swaps, len(starts)))}
-                        if cfg.swaps else []):
-            add(P.reorder(n_blocks, [i, i + 1], [i + 1, i]), "order", "swap", 2, i)
+            new = [int(b) for b in rng.permutation(mid)]
+            add(P.reorder(n_blocks, mid, new), "order", "permutation", mid, draw=d, distance=mean_displacement(new))
     for g in (g for g in cfg.group_sizes if g <= len(mid)):
-        for start in range(mid[0], mid[-1] - g + 2, g):
+        starts = sorted({int(round(s)) for s in np.linspace(mid[0], mid[-1] - g + 1, max(cfg.group_positions, 1))})
+        for start in starts if cfg.group_positions else []:
             group = list(range(start, start + g))
-            add(P.parallel(n_blocks, group, "sum"), "parallel", "sum", g, start)
-            add(P.parallel(n_blocks, group, "mean"), "parallel", "mean", g, start)
+            add(P.parallel(n_blocks, group, "sum"), "parallel", "sum", group)
+            add(P.parallel(n_blocks, group, "mean"), "parallel", "mean", group)
     return plans, pd.DataFrame(rows)

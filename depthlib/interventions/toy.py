@@ -1,14 +1,18 @@
-"""The interventions on chapter 3's toy students: the calibration of chapter 5 (paper §4).
+"""The interventions on chapter 3's **converged** toy students: the controls of chapter 5 (paper §4).
 
-Students of an **independent** teacher (ρ = 0) and of a **tied** teacher (ρ = 1) are trained with the chapter-3
-engine (:func:`depthlib.toy.sweep.build_engine`), then the same plan suite runs on their blocks
-(h ← h + MLP_i(h)). Their "loss" is the toy's own, KL(p_teacher ‖ p_student) per input; the "documents" are
-equal slices of held-out Gaussian inputs. Which student's response to deletion, reordering and parallel sums
-looks like the LLMs'?
+Students of an **independent** teacher (ρ = 0, the ensemble's control) and of a **tied** teacher (ρ = 1, a smooth
+flow's control) at T = 1, ``replicates`` of each, are loaded from chapter 3's converged protocol (its unit folders in
+the local cache, ``toy-converged-units``; the best route of each student, as chapter 3's table ``best`` names it).
+The same plan suite then runs on their blocks (h ← h + MLP_i(h)). Their "loss" is the toy's own,
+KL(p_teacher ‖ p_student) per input, whose floor is 0 (the teacher is realisable), so prediction 1 is tested with
+L_ex = L_0; the "documents" are equal slices of fresh held-out Gaussian inputs; the rankings, the plateau, the norms
+and the long-lag signature use separate ranking inputs.
+
+The weights are never committed (a fresh clone has none): the run's tables are, and :func:`replay` says why it
+cannot run without the weights (:class:`depthlib.errors.ReplayUnavailable`).
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,63 +22,101 @@ import torch
 import torch.nn.functional as F
 
 from depthlib import results
-from depthlib.errors import InputError
+from depthlib.errors import InputError, ReplayUnavailable
 from depthlib.interventions.evaluate import score_plans
 from depthlib.interventions.execute import SCORES
+from depthlib.interventions.predictions import plateau as plateau_blocks
+from depthlib.interventions.predictions import update_signature
 from depthlib.interventions.rankings import BlockSimilarity
 from depthlib.interventions.suite import SuiteConfig, build_plans
-from depthlib.toy.models import ResidualNet, derive_seed, rms_norm, teacher_module, teacher_targets
-from depthlib.toy.sweep import SweepConfig, build_engine, grid
-from depthlib.validate import finite, int_in_range
+from depthlib.toy.converged import TEACHER_KINDS, ConvergedConfig, best_routes
+from depthlib.toy.models import ResidualNet, StudentWeights, derive_seed, make_teacher, rms_norm, teacher_module, teacher_targets
+from depthlib.validate import int_in_range
 
 EXPERIMENT = "interventions-toy"
-#: The modules whose code computes a toy intervention run (their fingerprint marks a committed run stale).
-CODE = ("depthlib.interventions.toy", "depthlib.interventions.plan", "depthlib.interventions.execute",
-        "depthlib.interventions.rankings", "depthlib.interventions.suite", "depthlib.interventions.evaluate",
-        "depthlib.toy.models", "depthlib.toy.engine", "depthlib.toy.sweep", "depthlib.measures")
-TABLES = ("plans", "scores", "distances", "influence", "students", "training")
+#: chapter 3's experiment whose unit folders hold the converged students' weights
+UNITS = "toy-converged-units"
+TABLES = ("plans", "scores", "distances", "influence", "students", "signature")
 
 
 @dataclass(frozen=True)
 class ToyInterventionConfig:
-    """Which toy students to train and edit. Defaults are the ``cpu`` profile's (minutes on 2 cores)."""
+    """Which converged students to edit, on how many inputs. Defaults are the ``cpu`` profile's (minutes, one core)."""
 
-    variant: str = "exp-9-decay"     # chapter 3's cpu variant: exp-9 with the final lr decay
+    profile: str = "cpu"             # chapter 3's profile whose converged students are loaded
+    depth: int = 24                  # student blocks ℓ: between Gemma's 18 and SmolLM2's 30, so k/ℓ and the
+                                     # permutation distances are on the LMs' scale; every student of this depth
+                                     # passed the convergence rule in chapter 3
     rhos: tuple[float, ...] = (0.0, 1.0)   # independent and tied teachers
-    temperature: float = 1.0         # the top of the paper's grid, where the regimes differ most
-    depth: int = 24                  # student blocks ℓ
-    steps: int = 3000                # Adam steps (chapter 3's cpu run: 10k; sized to the chapter's 20-minute budget)
-    batch: int = 256
-    test_inputs: int = 4096          # held-out inputs scored by every plan ...
-    docs: int = 8                    # ... in this many equal "documents" (the unit of the bootstrap)
-    teacher_depth: int = 128
+    temperature: float = 1.0
+    replicates: int = 3
+    docs: int = 32                   # held-out "documents" (the unit of the bootstrap) ...
+    inputs_per_doc: int = 128        # ... of this many fresh inputs each
+    rank_docs: int = 16              # ranking "documents" (rankings, plateau, norms, signature), other inputs
+    plateau_tol: float = 1.5
     seed: int = 0
     suite: SuiteConfig = field(default_factory=SuiteConfig)
 
     def validate(self) -> "ToyInterventionConfig":
         for rho in self.rhos:
-            if not 0.0 <= finite("rho", rho) <= 1.0:
-                raise InputError(f"rho must be in [0, 1], got {rho:g}")
+            if rho not in TEACHER_KINDS:
+                raise InputError(f"the converged students have tied (rho 1) or independent (rho 0) teachers, got {rho}")
         int_in_range("student depth", self.depth, 3)
-        int_in_range("steps", self.steps, 1)
-        int_in_range("docs", self.docs, 1, self.test_inputs)
+        int_in_range("replicates", self.replicates, 1)
+        int_in_range("docs", self.docs, 2)
+        int_in_range("inputs per doc", self.inputs_per_doc, 1)
+        int_in_range("rank docs", self.rank_docs, 2)
         self.suite.validate()
         return self
 
-    def sweep(self) -> SweepConfig:
-        return SweepConfig("custom", variant=self.variant, cells=grid(self.rhos, (self.temperature,)),
-                           depths=(self.depth,), replicates=1, steps=self.steps, batch=self.batch,
-                           eval_every=self.steps, teacher_depth=self.teacher_depth, seed=self.seed)
+    def converged(self) -> ConvergedConfig:
+        """Chapter 3's converged-protocol settings of ``profile`` (its students are loaded)."""
+        from depthlib.toy.chapter import PROFILES
+        if self.profile not in PROFILES:
+            raise InputError(f"chapter 3 has no profile {self.profile!r}")
+        return PROFILES[self.profile].converged
+
+    def key(self) -> dict:
+        """The run's results-cache config: these settings and the converged protocol's (which students)."""
+        return {**asdict(self), "converged": self.converged().to_dict()}
+
+
+def model_name(rho: float, replicate: int) -> str:
+    return f"toy {TEACHER_KINDS[rho]} r{replicate}"
+
+
+def load_student(cfg: ToyInterventionConfig, rho: float, replicate: int) -> tuple[ResidualNet, ResidualNet, dict]:
+    """(student, teacher, its row of chapter 3's table) of one converged student: the best route at ``cfg.depth``."""
+    conv = cfg.converged()
+    cell = {"rho": float(rho), "temperature": float(cfg.temperature), "replicate": int(replicate)}
+    unit = results.open_run(UNITS, {**conv.to_dict(), "cell": cell})
+    what = f"the converged {TEACHER_KINDS[rho]}-teacher student r{replicate} (ℓ = {cfg.depth})"
+    if not unit.has("converged"):
+        raise ReplayUnavailable(f"{what} is not in the local cache ({unit.path}): its weights are never committed; "
+                                f"train it with `depthlib toy --protocol converged --profile {cfg.profile}`")
+    best = best_routes(unit.table("converged"))
+    row = best[best["depth"] == cfg.depth]
+    if row.empty:
+        raise InputError(f"chapter 3's {cfg.profile} protocol has no student of depth {cfg.depth}")
+    row = row.iloc[0].to_dict()
+    path = unit.path / f"student_{row['route']}_{cfg.depth:03d}.pt"
+    if not path.exists():
+        raise ReplayUnavailable(f"{what}: weights {path} missing (never committed; retrain with chapter 3)")
+    w = StudentWeights(**torch.load(path, weights_only=False)["weights"])
+    shape = conv.shape()
+    student = ResidualNet.from_weights(w, shape, "euler", "fixed").eval()
+    teacher = teacher_module(make_teacher(rho, derive_seed(conv.seed, "teacher", replicate), shape), shape, "fixed")
+    return student, teacher, {**row, "unit": unit.path.name}
 
 
 @dataclass
 class ToyBatch:
-    """One slice of held-out inputs through one unedited student (the adapter of :mod:`~.evaluate`)."""
+    """Held-out inputs through one unedited student (the adapter of :mod:`~.evaluate`), in ``docs`` equal slices."""
 
     student: ResidualNet
     states: list[torch.Tensor]       # depth+1 tensors (inputs, d_model)
     teacher_logp: torch.Tensor       # (inputs, vocab) log p_teacher
-    ref_logp: torch.Tensor           # (inputs, vocab) log p_student, unedited
+    ref_logp: torch.Tensor | None    # (inputs, vocab) log p_student, unedited
     temperature: float
     docs: int
 
@@ -82,9 +124,7 @@ class ToyBatch:
         return h + self.student.mlps[i](h)
 
     def logprobs(self, h: torch.Tensor) -> torch.Tensor:
-        y = rms_norm(h)
-        logits = self.student.head(y) if self.student.head_kind == "trained" else y @ self.student.head_w.T / self.temperature
-        return F.log_softmax(logits, -1)
+        return F.log_softmax(rms_norm(h) @ self.student.head_w.T / self.temperature, -1)
 
     def score(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-"document" sums: KL(teacher ‖ edited) (the toy's loss), KL(unedited ‖ edited), top-1 agreement."""
@@ -97,77 +137,63 @@ class ToyBatch:
         return out
 
 
-def _train(cfg: ToyInterventionConfig, ckpt, progress: bool, stop_at: int | None = None):
-    """The trained students (one per ρ, the engine's order) with their test-loss curve every 500 steps, and the
-    teachers (sorted by ρ). Resumes from ``ckpt`` (the engine's state and the curve, saved every 500 steps);
-    ``stop_at`` stops after that many steps (the replay check)."""
-    eng, students, teachers = build_engine(cfg.sweep())
-    curve: list[pd.DataFrame] = []
-    if ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        eng.load_state_dict(state["engine"])
-        curve = state["curve"]
-    steps = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-    from tqdm.auto import tqdm
-    bar = tqdm(total=steps, initial=eng.step_count, desc=f"toy students ({eng.K})", unit="step",
-               disable=not progress, file=sys.stderr)
-    while eng.step_count < steps:
-        eng.step()
-        bar.update(1)
-        if eng.step_count % 500 == 0 or eng.step_count == cfg.steps:
-            curve.append(students.assign(step=eng.step_count, test_loss=eng.evaluate().numpy()))
-            if ckpt is not None:
-                tmp = ckpt.with_name(f"{ckpt.name}.tmp{os.getpid()}")
-                torch.save({"engine": eng.state_dict(), "curve": curve}, tmp)
-                os.replace(tmp, ckpt)
-    bar.close()
-    curves = pd.concat(curve, ignore_index=True) if curve else students.assign(step=0, test_loss=float("nan"))
-    return eng, curves, teachers
+def inputs(cfg: ToyInterventionConfig, what: str, n_docs: int) -> torch.Tensor:
+    """Fresh Gaussian inputs (n_docs · inputs_per_doc, d), keyed by the seed and ``what`` (test | rank)."""
+    g = torch.Generator().manual_seed(derive_seed(cfg.seed, "interventions", what))
+    return torch.randn((n_docs * cfg.inputs_per_doc, cfg.converged().d_model), generator=g)
+
+
+def edit_student(cfg: ToyInterventionConfig, rho: float, replicate: int, progress: bool = False,
+                 n_docs: int | None = None, plans: dict | None = None) -> dict[str, pd.DataFrame]:
+    """Every table of one student (rows named :func:`model_name`); ``n_docs`` / ``plans`` restrict it (replay)."""
+    student, teacher, row = load_student(cfg, rho, replicate)
+    name = model_name(rho, replicate)
+    with torch.no_grad():
+        xr = inputs(cfg, "rank", cfg.rank_docs)
+        rstates = list(student.hidden(xr, all_states=True).unbind(0))
+        sim = BlockSimilarity(cfg.depth)
+        sim.update(rstates)
+        distances, influence = sim.distances(), sim.influence()
+        plateau = plateau_blocks(influence["theta"].to_numpy(), cfg.depth, cfg.plateau_tol)
+        influence["plateau"] = influence["block"].isin(plateau)
+        signature = update_signature([s.view(cfg.rank_docs, cfg.inputs_per_doc, -1) for s in rstates])
+        plan_set, meta = build_plans(cfg.depth, cfg.suite, influence["norm"].to_numpy(), plateau)
+        if plans is not None:
+            plan_set = {t: plan_set[t] for t in plans}
+        docs = cfg.docs if n_docs is None else n_docs
+        x = inputs(cfg, "test", cfg.docs)[: docs * cfg.inputs_per_doc]
+        states = list(student.hidden(x, all_states=True).unbind(0))
+        batch = ToyBatch(student, states, teacher_targets(teacher, x, cfg.temperature, "kl"), None, cfg.temperature, docs)
+        batch.ref_logp = batch.logprobs(states[-1])
+        scores, seconds = score_plans(plan_set, [(list(range(docs)), lambda: batch)], progress=progress,
+                                      desc=f"interventions {name}")
+    ident = scores[scores["plan"] == meta.loc[meta["family"] == "identity", "plan"].iloc[0]]
+    student_row = {**{k: row[k] for k in ("teacher", "rho", "temperature", "replicate", "depth", "route",
+                                          "test_loss", "converged", "unit")},
+                   "loss_here": float(ident["loss"].sum() / ident["n"].sum()), "plateau": " ".join(map(str, plateau)),
+                   "seconds": seconds}
+    out = {"plans": meta, "scores": scores, "distances": distances, "influence": influence,
+           "signature": signature, "students": pd.DataFrame([student_row])}
+    return {t: df.assign(model=name) for t, df in out.items()}
 
 
 def run_toy_interventions(config: ToyInterventionConfig | None = None, *, profile: str = "custom",
                           progress: bool = True, force: bool = False) -> results.Run:
-    """Train the toy students, then score the plan suite on each (tables as :func:`run_interventions`, with a
-    ``model`` column naming the student, e.g. ``toy ρ=0``, and ``students`` with their test losses)."""
+    """Edit every converged student of ``config`` (tables as :func:`depthlib.interventions.run_interventions`, with a
+    ``model`` column naming the student, e.g. ``toy independent r0``, and ``students``: which student, its route,
+    chapter 3's held-out loss and the unedited loss on this run's inputs)."""
     cfg = (config or ToyInterventionConfig()).validate()
-    run = results.prepare_run(results.open_run(EXPERIMENT, asdict(cfg)), force=force, tables=TABLES,
-                              checkpoints=("students.pt",))
-    if run.complete and all(run.has(t) for t in TABLES):
-        return run
-    t0 = time.perf_counter()
-    run.path.mkdir(parents=True, exist_ok=True)
-    eng, curves, teachers = _train(cfg, run.path / "students.pt", progress)
-    students = curves[curves["step"] == curves["step"].max()].reset_index(drop=True)
-    shape = cfg.sweep().shape()
-    g = torch.Generator().manual_seed(derive_seed(cfg.seed, "interventions", "test"))
-    x = torch.randn((cfg.test_inputs - cfg.test_inputs % cfg.docs, shape.d_model), generator=g)   # (inputs, d)
-    tables: dict[str, list[pd.DataFrame]] = {t: [] for t in ("plans", "scores", "distances", "influence")}
-    seconds = 0.0
-    with torch.no_grad():
-        for k, row in students.iterrows():
-            name = f"toy ρ={row['rho']:g}"
-            w = eng.export_student(k)
-            net = ResidualNet.from_weights(w, shape, "euler", eng.train.head).eval()
-            teacher = teacher_module(teachers[sorted(set(cfg.rhos)).index(row["rho"])], shape,
-                                     "fixed" if eng.train.head == "fixed" else "trained")
-            states = list(net.hidden(x, all_states=True).unbind(0))
-            sim = BlockSimilarity(cfg.depth)
-            sim.update(states)
-            distances, influence = sim.distances(), sim.influence()
-            plans, meta = build_plans(cfg.depth, cfg.suite, distances, influence)
-            batch = ToyBatch(net, states, teacher_targets(teacher, x, cfg.temperature, "kl"), None, cfg.temperature, cfg.docs)
-            batch.ref_logp = batch.logprobs(states[-1])
-            scores, s = score_plans(plans, [(list(range(cfg.docs)), lambda b=batch: b)], progress=progress,
-                                    desc=f"interventions {name}")
-            seconds += s
-            for t, df in (("plans", meta), ("scores", scores), ("distances", distances), ("influence", influence)):
-                tables[t].append(df.assign(model=name))
-    for t, dfs in tables.items():
-        run.write_table(t, pd.concat(dfs, ignore_index=True))
-    run.write_table("students", students.assign(model=[f"toy ρ={r:g}" for r in students["rho"]]))
-    run.write_table("training", curves.assign(model=[f"toy ρ={r:g}" for r in curves["rho"]]))
-    run.finish(profile=profile, seed=cfg.seed, wall_time_s=time.perf_counter() - t0, device="cpu",
-               code=CODE,
-               summary=dict(n_blocks=cfg.depth, students=students[["rho", "test_loss"]].to_dict("records")))
-    (run.path / "students.pt").unlink(missing_ok=True)
-    return run
+    with results.computing(EXPERIMENT, cfg.key(), profile=profile, code=("depthlib.interventions.toy:run_toy_interventions",),
+                           seed=cfg.seed, device="cpu", force=force, tables=TABLES) as job:
+        if job.complete:
+            return job.run
+        t0 = time.perf_counter()
+        parts = [edit_student(cfg, rho, r, progress) for rho in cfg.rhos for r in range(cfg.replicates)]
+        for t in TABLES:
+            job.run.write_table(t, pd.concat([p[t] for p in parts], ignore_index=True))
+        job.save_progress()
+        students = pd.concat([p["students"] for p in parts], ignore_index=True)
+        job.record(summary=dict(n_blocks=cfg.depth, students=students[["model", "route", "test_loss", "loss_here"]]
+                                .to_dict("records")))
+        print(f"[depthlib] toy controls edited in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return job.run

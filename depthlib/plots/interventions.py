@@ -1,9 +1,11 @@
-"""Figures of chapter 5 (interventions): angular distances, deletion costs, order, parallel sums, the toy calibration.
+"""Figures of chapter 5 (interventions): every prediction's statistic on the LMs beside the two converged controls,
+rescaled deletion against the two predicted laws, reordering against distance, parallel groups, stream norms and the
+long-lag signature.
 
 Every figure reads the tidy tables of :mod:`depthlib.interventions.analysis`; models are switched with a dropdown
-where one figure per model would repeat itself. Loss changes are in nats per predicted token (for the toy: the
-KL to its teacher per input); most span decades, so their axes are logarithmic and values ≤ 0 are drawn at the
-axis floor (listed in the hover text).
+where one figure per model would repeat itself. Loss changes are in nats per scored token (for the toy: the KL to
+its teacher per input); most span decades, so their axes are logarithmic and values ≤ 0 are drawn at the axis floor
+(listed in the hover text). Error bars are 95 % bootstrap intervals over documents.
 """
 from __future__ import annotations
 
@@ -54,115 +56,167 @@ def distance_heatmap(distances: pd.DataFrame, models: list[str]) -> go.Figure:
     return fig
 
 
-def each_block(effects: pd.DataFrame, models: list[str]) -> go.Figure:
-    """Δloss of deleting one block, against its relative depth (i + 0.5)/ℓ, one line per model."""
-    fig = new_figure("Deleting one block at a time", "relative depth of the deleted block (i + ½)/ℓ",
-                     "Δ loss (nats per token; toy: KL)", log_y=True)
-    for j, m in enumerate(models):
-        e = effects[(effects["model"] == m) & (effects["rule"] == "each")].sort_values("start")
-        L = int(e["start"].max()) + 1
-        fig.add_trace(go.Scatter(x=(e["start"] + 0.5) / L, y=_pos(e["delta_loss"]), mode="lines+markers",
-                                 name=f"{m} (ℓ = {L})", line=dict(color=color(j)), customdata=np.c_[e["start"], e["delta_loss"]],
-                                 hovertemplate="block %{customdata[0]}: Δ = %{customdata[1]:.4g}<extra>" + m + "</extra>"))
+def _bars(sub: pd.DataFrame) -> dict:
+    return dict(type="data", symmetric=False, array=(sub["hi"] - sub["value"]).to_numpy(float),
+                arrayminus=(sub["value"] - sub["lo"]).to_numpy(float))
+
+
+def predictions(table: pd.DataFrame) -> go.Figure:
+    """The prediction table as a forest plot: per prediction (dropdown) each model's value and 95 % interval, the
+    ensemble's region shaded and the calibrated threshold (dashed) where the two controls separate."""
+    from depthlib.interventions.analysis import PREDICTIONS
+    labels = [p for p in dict.fromkeys(table["prediction"])]
+    fig = new_figure(labels[0] if labels else "", "measured value (unit of the statistic)", "")
+    counts, titles, shapes = [], [], []
+    regions = {p[1]: p[2] for p in PREDICTIONS}
+    for j, label in enumerate(labels):
+        sub = table[table["prediction"] == label]
+        fig.add_trace(go.Scatter(x=sub["value"], y=sub["model"], mode="markers", error_x=_bars(sub), visible=j == 0,
+                                 marker=dict(size=10, color=[color(0) if m.startswith("toy") else color(1)
+                                                              for m in sub["model"]]),
+                                 name=label, customdata=sub[["lo", "hi", "reading"]].to_numpy(),
+                                 hovertemplate="%{y}: %{x:.4g} [%{customdata[0]:.4g}, %{customdata[1]:.4g}]"
+                                               "<br>%{customdata[2]}<extra></extra>"))
+        lo, hi = regions.get(label, (np.nan, np.nan))
+        thr = float(sub["threshold"].iloc[0])
+        shape = [dict(type="rect", xref="x", yref="paper", x0=max(lo, float(sub["lo"].min()) - 1), y0=0, y1=1,
+                      x1=min(hi, float(sub["hi"].max()) + 1), fillcolor="rgba(0,128,0,0.08)", line_width=0)]
+        if np.isfinite(thr):
+            shape.append(dict(type="line", xref="x", yref="paper", x0=thr, x1=thr, y0=0, y1=1,
+                              line=dict(dash="dash", color="gray")))
+        shapes.append(shape)
+        titles.append(label)
+        counts.append(1)
+    total, buttons, start = sum(counts), [], 0
+    for i, (label, n) in enumerate(zip(labels, counts)):
+        visible = [False] * total
+        visible[start:start + n] = [True] * n
+        buttons.append(dict(method="update", label=label, args=[{"visible": visible},
+                                                                {"title.text": titles[i], "shapes": shapes[i]}]))
+        start += n
+    if labels:
+        fig.update_layout(shapes=shapes[0], showlegend=False)
+        dropdown(fig, buttons)
     return fig
 
 
-_RULES = [("random", "random middle (mean; band: draws)"), ("gromov", "Gromov et al."),
-          ("shortgpt", "ShortGPT"), ("first", "first k blocks"), ("last", "last k blocks")]
-
-
-def deletion_curves(curves: pd.DataFrame, fits: dict[str, dict], models: list[str], metric: str = "delta_loss") -> go.Figure:
-    """Δloss (or ``metric="kl"``: KL to the unedited model) against the number k of deleted blocks for every rule
-    (dashed: remaining middle updates rescaled), with the ensemble fit ΔL(k) = c[(ℓ − k)^−α − ℓ^−α] to the
-    random-middle Δloss curve."""
-    y_title = ("Δ loss (nats per token; toy: KL to teacher)" if metric == "delta_loss"
-               else "KL(unedited ‖ edited) (nats per token)")
-    fig = new_figure("", "blocks deleted k", y_title, log_y=True)
-    counts = []
+def deletion(stats: pd.DataFrame, models: list[str], n_middle: dict[str, int]) -> go.Figure:
+    """Rescaled deletion: ΔL/L₀ against k with the two predicted laws (ℓ_m/(ℓ_m − k))^α − 1, α = 1 (ensemble) and
+    α = 2 (Euler flow); and the plain deletion's ΔL/L₀ for comparison. One model at a time (dropdown)."""
+    from depthlib.interventions.predictions import rescaled_deletion
+    fig = new_figure("", "blocks deleted k", "Δ loss / unedited loss", log_y=True)
+    counts, titles = [], []
     for j, m in enumerate(models):
-        c, n = curves[curves["model"] == m], 0
-        for i, (rule, label) in enumerate(_RULES):
-            for rescale in (False, True):
-                r = c[(c["rule"] == rule) & (c["rescale"] == rescale)].sort_values("k")
-                if r.empty:
-                    continue
-                dash = "dash" if rescale else "solid"
-                name = label + (" — rescaled" if rescale else "")
-                if rule == "random":
-                    band_y = np.r_[_pos(r[f"{metric}_max"]), _pos(r[f"{metric}_min"])[::-1]]
-                    fig.add_trace(go.Scatter(x=np.r_[r["k"], r["k"][::-1]], y=band_y, fill="toself", line=dict(width=0),
-                                             fillcolor="rgba(0,114,178,0.15)",
-                                             hoverinfo="skip", showlegend=False, visible=j == 0))
-                    n += 1
-                fig.add_trace(go.Scatter(x=r["k"], y=_pos(r[metric]), mode="lines+markers", name=name,
-                                         line=dict(color=color(i), dash=dash), visible=j == 0,
-                                         hovertemplate="k = %{x}: Δ = %{y:.4g}<extra>" + name + "</extra>"))
-                n += 1
-        f = fits.get(m) if metric == "delta_loss" else None
-        if f and np.isfinite(f.get("alpha", np.nan)):
-            k = np.linspace(min(f["ks"]), max(f["ks"]), 60)
-            y = f["c"] * ((f["n_blocks"] - k) ** -f["alpha"] - f["n_blocks"] ** -f["alpha"])
-            fig.add_trace(go.Scatter(x=k, y=_pos(y), mode="lines", line=dict(color="black", dash="dot"), visible=j == 0,
-                                     name=f"ensemble fit, α = {f['alpha']:.2f} [{f['alpha_lo']:.2f}, {f['alpha_hi']:.2f}]"))
+        base = stats[(stats["model"] == m) & (stats["statistic"] == "baseline")]["value"]
+        n = 0
+        for name, label, dash in (("delete_rescaled_rel", "rescaled (measured)", "solid"),):
+            sub = stats[(stats["model"] == m) & (stats["statistic"] == name)].sort_values("k")
+            fig.add_trace(go.Scatter(x=sub["k"], y=_pos(sub["value"]), error_y=_bars(sub), mode="markers+lines",
+                                     name=label, line=dict(dash=dash, color=color(0)), visible=j == 0))
+            n += 1
+        plain = stats[(stats["model"] == m) & (stats["statistic"] == "delete")].sort_values("k")
+        if len(plain) and len(base):
+            b = float(base.iloc[0])
+            fig.add_trace(go.Scatter(x=plain["k"], y=_pos(plain["value"] / b), mode="markers+lines",
+                                     name="plain (measured)", line=dict(dash="dot", color=color(3)), visible=j == 0,
+                                     error_y=dict(type="data", symmetric=False,
+                                                  array=((plain["hi"] - plain["value"]) / b).to_numpy(float),
+                                                  arrayminus=((plain["value"] - plain["lo"]) / b).to_numpy(float))))
+            n += 1
+        ks = np.arange(1, max(2, int(plain["k"].max()) if len(plain) else 2) + 1)
+        for alpha, label, c in ((1.0, "ensemble: α = 1", 1), (2.0, "Euler flow: α = 2", 2)):
+            fig.add_trace(go.Scatter(x=ks, y=rescaled_deletion(ks, n_middle[m], alpha), mode="lines", name=label,
+                                     line=dict(dash="dash", color=color(c)), visible=j == 0))
             n += 1
         counts.append(n)
-    what = "loss increase" if metric == "delta_loss" else "KL to the unedited model"
-    titles = [f"Deleting k blocks, {what}: {m}" for m in models]
-    fig.update_layout(title_text=titles[0], height=560, legend=BELOW, margin=dict(b=170))
+        titles.append(f"Deleting k middle blocks: {m}")
+    fig.update_layout(title_text=titles[0] if titles else "", legend=BELOW)
     _model_menu(fig, models, counts, titles)
     return fig
 
 
-def order_effects(effects: pd.DataFrame, models: list[str]) -> go.Figure:
-    """Δloss of reordering the middle blocks: reversed, random permutations (each a point), adjacent swaps."""
-    fig = new_figure("Reordering the middle blocks", "model", "Δ loss (nats per token; toy: KL)", log_y=True)
-    for i, (rule, label) in enumerate([("swap", "one adjacent swap"), ("permutation", "random permutation"),
-                                       ("reverse", "reversed")]):
-        e = effects[(effects["family"] == "order") & (effects["rule"] == rule) & effects["model"].isin(models)]
-        fig.add_trace(go.Box(x=e["model"], y=_pos(e["delta_loss"]), name=label, boxpoints="all", jitter=0.4,
-                             pointpos=0, marker=dict(color=color(i), size=6), line=dict(color=color(i)),
-                             fillcolor="rgba(0,0,0,0)", customdata=e["delta_loss"],
-                             hovertemplate="Δ = %{customdata:.4g}<extra>" + label + "</extra>"))
-    fig.update_layout(boxmode="group")
-    fig.update_xaxes(type="category")
-    return fig
-
-
-def parallel_effects(effects: pd.DataFrame, models: list[str]) -> go.Figure:
-    """Δloss of running g consecutive middle blocks in parallel on one input, against where the group starts:
-    updates summed (solid) or averaged as in "Painters" (dashed)."""
-    fig = new_figure("", "relative depth of the group's first block i/ℓ", "Δ loss vs sequential (nats per token; toy: KL)",
-                     log_y=True)
-    counts = []
+def order_vs_distance(pairs: pd.DataFrame, models: list[str]) -> go.Figure:
+    """Each reordering's cost over deleting the same blocks, against its mean displacement d̄ (over the middle and
+    inside the plateau); a ratio of 1 (dotted) is "as costly as deleting what it moved"."""
+    fig = new_figure("", "mean displacement d̄ = mean |π(i) − i| (blocks)",
+                     "Δ loss (reordering) / Δ loss (deleting the same blocks)", log_y=True)
+    counts, titles = [], []
     for j, m in enumerate(models):
-        e = effects[(effects["model"] == m) & (effects["family"] == "parallel")]
-        L = int(effects.loc[(effects["model"] == m) & (effects["rule"] == "each"), "start"].max()) + 1
         n = 0
-        for i, g in enumerate(sorted(e["k"].unique())):
-            for rule, dash in (("sum", "solid"), ("mean", "dash")):
-                r = e[(e["k"] == g) & (e["rule"] == rule)].sort_values("start")
-                name = f"g = {g}, {'summed' if rule == 'sum' else 'averaged'}"
-                fig.add_trace(go.Scatter(x=r["start"] / L, y=_pos(r["delta_loss"]), mode="lines+markers", name=name,
-                                         line=dict(color=color(i), dash=dash), visible=j == 0,
-                                         customdata=np.c_[r["start"], r["delta_loss"]],
-                                         hovertemplate="blocks %{customdata[0]}…: Δ = %{customdata[1]:.4g}<extra>" + name
-                                         + "</extra>"))
-                n += 1
+        for i, (scope, g) in enumerate(pairs[pairs["model"] == m].groupby("scope")):
+            fig.add_trace(go.Scatter(x=g["distance"], y=_pos(g["ratio"]), mode="markers", name=f"{scope} (k blocks)",
+                                     marker=dict(color=color(i), size=8), visible=j == 0,
+                                     customdata=g[["k", "blocks"]].to_numpy(),
+                                     hovertemplate="k = %{customdata[0]}, blocks %{customdata[1]}<br>d̄ = %{x:.1f}, "
+                                                   "ratio %{y:.3g}<extra></extra>"))
+            n += 1
+        sub = pairs[pairs["model"] == m]
+        if len(sub):
+            x = [float(sub["distance"].min()), float(sub["distance"].max())]
+            fig.add_trace(go.Scatter(x=x, y=[1, 1], mode="lines", name="as costly as deleting", visible=j == 0,
+                                     line=dict(dash="dot", color="gray")))
+            n += 1
         counts.append(n)
-    titles = [f"Parallel groups of g middle blocks: {m}" for m in models]
-    fig.update_layout(title_text=titles[0])
+        titles.append(f"Reordering vs deleting the moved blocks: {m}")
+    fig.update_layout(title_text=titles[0] if titles else "", legend=BELOW)
     _model_menu(fig, models, counts, titles)
     return fig
 
 
-def calibration(table: pd.DataFrame) -> go.Figure:
-    """Relative loss change ΔL/L₀ of the same interventions on the LMs and on the toy students (grouped bars)."""
-    fig = new_figure("The same edits on LMs and on toy students", "intervention",
-                     "relative loss change ΔL / L₀", log_y=True, height=580)
-    for i, m in enumerate(table["model"].unique()):
-        r = table[table["model"] == m]
-        fig.add_trace(go.Bar(x=r["intervention"], y=_pos(r["relative"]), name=m, marker_color=color(i),
-                             customdata=r["relative"], hovertemplate="%{x}: ΔL/L₀ = %{customdata:.3g}<extra>" + m + "</extra>"))
-    fig.update_layout(barmode="group", legend=dict(BELOW, y=-0.42), margin=dict(b=200))
-    fig.update_xaxes(type="category", tickangle=-25)
+def ratios(stats: pd.DataFrame, statistic: str, title: str, y_title: str) -> go.Figure:
+    """One ratio statistic (e.g. ``parallel_ratio`` per g, ``norm_ratio``) for every model, with its interval."""
+    sub = stats[(stats["statistic"] == statistic)].copy()
+    sub["label"] = sub["model"] + sub["k"].map(lambda k: f" (k/g = {k})")
+    fig = new_figure(title, "", y_title, log_y=True)
+    fig.add_trace(go.Scatter(x=sub["label"], y=_pos(sub["value"]), error_y=_bars(sub), mode="markers",
+                             marker=dict(size=10, color=[color(0) if m.startswith("toy") else color(1)
+                                                         for m in sub["model"]]),
+                             showlegend=False))
+    fig.add_hline(y=1, line_dash="dot", line_color="gray")
+    return fig
+
+
+def positions(stats: pd.DataFrame, models: list[str]) -> go.Figure:
+    """Δloss of deleting middle blocks by the third of the middle they sit in (first, middle, last), per model."""
+    fig = new_figure("Deletion cost by position in the middle", "model", "Δ loss (nats per token; toy: KL)", log_y=True)
+    for i, t in enumerate(("first", "middle", "last")):
+        sub = stats[(stats["statistic"] == "position") & (stats["scope"] == t)].set_index("model").reindex(models).reset_index()
+        fig.add_trace(go.Scatter(x=sub["model"], y=_pos(sub["value"]), error_y=_bars(sub), mode="markers",
+                                 name=f"{t} third", marker=dict(size=10, color=color(i))))
+    fig.update_layout(legend=BELOW)
+    return fig
+
+
+def norms(profile: pd.DataFrame, models: list[str]) -> go.Figure:
+    """The mean stream norm ‖h_i‖ at each block's input over the first middle block's, against relative depth."""
+    fig = new_figure("How the residual stream's norm grows along depth", "relative depth (i + ½)/ℓ",
+                     "‖h_i‖ / ‖h_first middle‖", log_y=True)
+    for i, m in enumerate(models):
+        g = profile[profile["model"] == m]
+        fig.add_trace(go.Scatter(x=g["depth"], y=g["relative_norm"], mode="lines+markers", name=m,
+                                 line=dict(color=color(i))))
+    fig.update_layout(legend=BELOW)
+    return fig
+
+
+def signature(stats: pd.DataFrame) -> go.Figure:
+    """θ(Δh_l, Δh_{l+1}) against the long-lag cosine, with 95 % intervals; the shaded box is chapter 3's ensemble rule
+    (θ > 1.2 rad and cos < 0.1)."""
+    from depthlib.interventions.predictions import LONG_LAG_MAX, THETA_MIN
+    th = stats[stats["statistic"] == "theta_update"].set_index("model")
+    lag = stats[stats["statistic"] == "long_lag"].set_index("model")
+    models = [m for m in th.index if m in lag.index]
+    fig = new_figure("The long-lag signature", "long-lag cos(Δh_l, Δh_l+k), k ≥ ℓ/4",
+                     "θ(Δh_l, Δh_l+1) (rad)")
+    fig.add_shape(type="rect", x0=-0.2, x1=LONG_LAG_MAX, y0=THETA_MIN, y1=np.pi / 2 + 0.3, fillcolor="rgba(0,128,0,0.1)",
+                  line_width=0)
+    for i, m in enumerate(models):
+        a, b = th.loc[m], lag.loc[m]
+        fig.add_trace(go.Scatter(x=[b["value"]], y=[a["value"]], mode="markers", name=m,
+                                 marker=dict(size=10, color=color(i), symbol="circle" if m.startswith("toy") else "diamond"),
+                                 error_x=dict(type="data", symmetric=False, array=[b["hi"] - b["value"]],
+                                              arrayminus=[b["value"] - b["lo"]]),
+                                 error_y=dict(type="data", symmetric=False, array=[a["hi"] - a["value"]],
+                                              arrayminus=[a["value"] - a["lo"]])))
+    fig.update_layout(legend=BELOW)
     return fig
