@@ -67,6 +67,7 @@ def predictions(table: pd.DataFrame) -> go.Figure:
     from depthlib.interventions.analysis import PREDICTIONS
     labels = [p for p in dict.fromkeys(table["prediction"])]
     fig = new_figure(labels[0] if labels else "", "measured value (unit of the statistic)", "")
+    fig.update_yaxes(type="category")            # one row per model and control: the labels name the rows
     counts, titles, shapes = [], [], []
     regions = {p[1]: p[2] for p in PREDICTIONS}
     for j, label in enumerate(labels):
@@ -168,6 +169,7 @@ def ratios(stats: pd.DataFrame, statistic: str, title: str, y_title: str) -> go.
     sub = stats[(stats["statistic"] == statistic)].copy()
     sub["label"] = sub["model"] + sub["k"].map(lambda k: f" (k/g = {k})")
     fig = new_figure(title, "", y_title, log_y=True)
+    fig.update_xaxes(type="category")            # one column per model and k: the labels name the columns
     fig.add_trace(go.Scatter(x=sub["label"], y=_pos(sub["value"]), error_y=_bars(sub), mode="markers",
                              marker=dict(size=10, color=[color(0) if m.startswith("toy") else color(1)
                                                          for m in sub["model"]]),
