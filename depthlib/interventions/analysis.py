@@ -318,13 +318,36 @@ def middle_sizes(plans: pd.DataFrame) -> dict[str, int]:
     return {m: len(range(n_blocks_of(g))[middle_blocks(n_blocks_of(g))]) for m, g in plans.groupby("model", sort=False)}
 
 
+#: what the chapter's tables call the statistics and columns (a reader meets no code names)
+READER_NAMES = {
+    "delete": "delete k blocks: Δloss (nats/token)",
+    "delete_rescaled": "delete k, rest rescaled: Δloss (nats/token)",
+    "delete_rescaled_rel": "delete k, rest rescaled: Δloss ÷ unedited loss",
+    "alpha_del": "rescaled deletion: exponent α̂",
+    "order_ratio": "reordering ÷ deleting the moved blocks",
+    "norm_ratio": "norm-matched ÷ plain reordering",
+    "parallel_ratio": "parallel: summed ÷ averaged",
+    "held_on_control": "held on its control", "separates_controls": "controls separate",
+    "theta": "θ(Δh_l, Δh_l+1) (rad)", "theta_lo": "θ: 95 % low", "theta_hi": "θ: 95 % high",
+    "long_lag": "long-lag cosine", "long_lag_lo": "long-lag: 95 % low", "long_lag_hi": "long-lag: 95 % high",
+    "rule": "chapter 3's rule",
+}
+
+
+def for_reader(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with reader names (:data:`READER_NAMES`) for its statistics and columns and "—" for what a model
+    does not have (a k or a plan family it was not run at)."""
+    return table.rename(index=READER_NAMES, columns=READER_NAMES).astype(object).where(table.notna(), "—")
+
+
 def formatted(table: pd.DataFrame, index: str | list[str], columns: str = "model", digits: int = 3) -> pd.DataFrame:
-    """A wide table of "value [lo, hi]" strings (95 % intervals) from a tidy table with value, lo and hi."""
+    """A wide table of "value [lo, hi]" strings (95 % intervals) from a tidy table with value, lo and hi, with
+    reader names (:func:`for_reader`)."""
     t = table.copy()
     t["shown"] = [f"{v:.{digits}g} [{lo:.{digits}g}, {hi:.{digits}g}]" if np.isfinite(lo) else f"{v:.{digits}g}"
                   for v, lo, hi in zip(t["value"], t["lo"], t["hi"])]
     order = list(dict.fromkeys(t[columns]))
-    return t.pivot_table(index=index, columns=columns, values="shown", aggfunc="first", sort=False)[order]
+    return for_reader(t.pivot_table(index=index, columns=columns, values="shown", aggfunc="first", sort=False)[order])
 
 
 def order_pairs(effects: pd.DataFrame) -> pd.DataFrame:
