@@ -181,6 +181,17 @@ def test_a_tiny_run_trains_converges_and_resumes(cache):
     assert set(run.table("alpha_summary")["teacher"]) == {"tied", "independent"}
     again = lt.run_looped_toy(cfg, progress=False)
     assert again.path == run.path and again.table("best").equals(run.table("best"))
+    # the chapter's views and figures of a toy run (here set beside itself in place of chapter 3's run)
+    from depthlib import plots
+    from depthlib.compose import analysis, chapter
+    from depthlib.plots import compose as figs
+    losses, alphas = analysis.toy_losses(run, run), analysis.toy_alphas(run, run)
+    assert set(losses["kind"]) == {"looped", "untied"} and (losses["n"] == 1).all()
+    assert len(alphas) == 4 and alphas["alpha"].notna().all()
+    for fig in (figs.toy_loss_vs_depth(losses), figs.toy_alpha_forest(alphas)):
+        assert plots.figure_problems(fig) == []
+    s = chapter.summary(run)
+    assert set(s["alpha"]) == {"tied", "independent"} and len(s["rel_improvement"]) == len(run.table("best"))
 
 
 def test_the_chapter_registers_the_toy_part():

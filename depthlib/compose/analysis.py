@@ -180,3 +180,35 @@ def curves(run: results.Run) -> pd.DataFrame:
 
 __all__ = ["DIAGNOSTICS", "FAMILY_LABELS", "MIN_POINTS", "alpha_table", "curves", "delete_vs_ensemble", "diagnostic_table",
            "edit_profiles", "fit_laws", "lag_profiles", "layer_profiles", "local_slopes", "loss_table", "mean_interval"]
+
+
+# ---- the toy part: looped students against chapter 3's untied converged students ---------------------------------
+def toy_losses(looped: results.Run, untied: results.Run, temperature: float = 1.0) -> pd.DataFrame:
+    """Converged held-out loss per (student kind, teacher, depth) at ``temperature``: mean over replicates with its
+    95 % t interval, for the looped students of chapter 7's toy run (their ``best`` table) and chapter 3's untied
+    converged students (its ``best`` table)."""
+    rows = []
+    for kind, run in (("looped", looped), ("untied", untied)):
+        best = run.table("best")
+        best = best[np.isclose(best["temperature"], temperature)]
+        for (teacher, depth), g in best.groupby(["teacher", "depth"]):
+            m, lo, hi, n = mean_interval(g["test_loss"])
+            rows.append({"kind": kind, "teacher": teacher, "depth": int(depth), "loss": m, "lo": lo, "hi": hi,
+                         "n": n, "converged": int(g["converged"].sum()),
+                         "rel_improvement_max": float(g["rel_improvement_last20"].max())})
+    return pd.DataFrame(rows)
+
+
+def toy_alphas(looped: results.Run, untied: results.Run, temperature: float = 1.0) -> pd.DataFrame:
+    """α_ℓ per (student kind, teacher) at ``temperature`` from each run's ``alpha_summary`` (the converged protocol's
+    fit: log–log over depth per replicate, mean and 95 % t interval over replicates, or the fit's own t interval with
+    one replicate), with the depths fitted."""
+    rows = []
+    for kind, run in (("looped", looped), ("untied", untied)):
+        s = run.table("alpha_summary")
+        depths = sorted(run.table("best")["depth"].unique())
+        for r in s[np.isclose(s["temperature"], temperature)].itertuples():
+            rows.append({"kind": kind, "teacher": r.teacher, "alpha": float(r.alpha), "lo": float(r.lo),
+                         "hi": float(r.hi), "replicates": int(r.replicates), "interval": r.interval,
+                         "depths": ", ".join(str(int(d)) for d in depths)})
+    return pd.DataFrame(rows)
