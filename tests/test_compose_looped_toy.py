@@ -13,7 +13,7 @@ from depthlib.toy.models import MLP, ResidualNet, ToyShape, derive_seed, init_st
 SHAPE = ToyShape(d_model=8, d_mlp=32, teacher_depth=8)
 PROTOCOL = converged.ConvergedConfig("smoke", cells=((1.0, 1.0, 1), (0.0, 1.0, 1)), depths=(2, 4, 8), steps_deepest=20,
                                      batch=16, pool_batches=4, evals=5, eval_batches=2, eval_batch_size=64,
-                                     teacher_depth=8, d_model=8)
+                                     teacher_depth=16, d_model=8)
 
 
 @pytest.fixture(autouse=True)
@@ -154,21 +154,41 @@ def test_halving_keeps_the_flow():
     torch.testing.assert_close(half.W_down * 8, block.W_down * 4)
 
 
-def test_depths_must_double():
+def test_the_euler_block_is_the_tied_teacher():
+    """At the teacher's own depth the Euler looped student is the teacher (its one block, W_down unchanged): the
+    held-out loss starts at 0; at half the depth it is the same flow with twice the step."""
+    cfg = _cfg()
+    teacher = make_teacher(1.0, 0, cfg.protocol.shape())
+    block = lt.euler_block(teacher, teacher.depth)
+    torch.testing.assert_close(block.W_down[0], teacher.W_down[0])
+    eng = _engine(cfg, teacher.depth, block)
+    assert float(eng.evaluate()[0]) < 1e-8
+    half = lt.euler_block(teacher, teacher.depth // 2)
+    torch.testing.assert_close(half.W_down, block.W_down * 2)
+
+
+def test_depths_must_double_and_stay_below_the_teacher():
     with pytest.raises(lt.InputError):
         _cfg(depths=(2, 4, 6))
+    with pytest.raises(lt.InputError):
+        _cfg(depths=(2, 4, 8, 16))
 
 
 def test_a_tiny_run_trains_converges_and_resumes(cache):
     """A tiny run of both teachers: the looped students learn (held-out loss falls from the identity start), the
     deeper ones start from the halved shallower one, every student's relative improvement is the protocol's, the
     α_ℓ tables exist; a second call loads the finished run."""
-    cfg = lt.LoopedToyConfig("smoke", dataclasses.replace(PROTOCOL, steps_deepest=100), continuations=1).validate()
+    cfg = lt.LoopedToyConfig("smoke", dataclasses.replace(PROTOCOL, steps_deepest=100),
+                             continuations=1).validate()
     run = lt.run_looped_toy(cfg, progress=False)
     rows, curves = run.table("looped"), run.table("curves")
     assert set(rows["teacher"]) == {"tied", "independent"}
-    assert (rows["test_loss"] < rows["initial_loss"]).all()
-    assert set(rows.loc[rows["depth"] > 2, "route"]) <= {"halved", "continued1"}
+    scratch = rows[rows["route"] == "scratch"]
+    assert (scratch["test_loss"] < scratch["initial_loss"] / 2).all()
+    assert (rows["test_loss"] < 1.05 * rows["initial_loss"]).all()     # a warm start is not trained away
+    assert set(rows.loc[rows["depth"] > 2, "route"]) <= {"halved", "euler", "continued1"}
+    assert set(rows.loc[rows["route"] == "euler", "teacher"]) == {"tied"}
+    assert (rows.groupby("teacher")["depth"].nunique() == len(PROTOCOL.depths)).all()
     assert (rows.loc[rows["route"] == "halved", "initial_loss"].to_numpy()
             < rows.loc[rows["route"] == "scratch", "initial_loss"].max()).all()
     for r in rows.itertuples():

@@ -50,16 +50,17 @@ class ComposeProfile(Profile):
 #: paper: a GPU; a deeper grammar (L = 5, 32 leaves, v = 16, m = 4), width 128, depths to 24, five replicates.
 #: The toy part (looped students, :mod:`depthlib.compose.looped_toy`) reuses chapter 3's converged protocol: cpu: the
 #: tied and independent teachers at T = 1, the committed calibration's teachers of replicates 0 and 1, looped depths
-#: 6, 12, 24, 48, the protocol's default budget (3000 steps at ℓ = 48, 8× at ℓ = 6: 24 000), no continuation rounds
-#: (measured 4 ms per step at ℓ = 6 on one shared core: 8 students per teacher, about 25 min in all); paper: three
-#: replicates, depths to 96, 40 000 steps at the deepest, batch 1024, two continuation rounds.
+#: 6, 12, 24, 48, the protocol's default budget (3000 steps at ℓ = 48, 8× at ℓ = 6: 24 000), no continuation rounds;
+#: routes scratch → halved on both teachers, Euler on the tied one (measured about 80 s per student on one shared
+#: core: 24 students, about 35 min in all); paper: three replicates, depths to 96, 40 000 steps at the deepest, batch
+#: 1024, two continuation rounds.
 PROFILES: dict[str, ComposeProfile] = {
     "smoke": ComposeProfile("smoke", ComposeConfig(
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
         model=ModelConfig(d_model=16, n_heads=2),
         train=TrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2),
         LoopedToyConfig("smoke", ConvergedConfig(
-            "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(2, 4, 8, 16), steps_deepest=40, batch=32,
+            "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(1, 2, 4, 8), steps_deepest=40, batch=32,
             pool_batches=8, evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16), continuations=1)),
     "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
                           LoopedToyConfig("cpu", ConvergedConfig(

@@ -21,8 +21,13 @@ to (W_up, b_up, V) and written back into every layer.
 exp-9-3 lr at the smallest depth (2.4e-3/√ℓ_min), 0.1× that for warm starts (the protocol's ``lr_warm``).
 
 **Routes.** ``scratch`` (exp-9-3 init: W_down = 0, the teacher's fixed head) at the smallest depth; at every deeper
-depth (each twice the previous) ``halved`` from the best looped student of depth ℓ/2; then up to ``continuations``
-``continued<k>`` rounds for a depth whose best student is not converged (as the protocol).
+depth (each twice the previous) ``halved`` from the best looped student of depth ℓ/2 found by training (scratch,
+halved or continued: never one started at the teacher); with ``euler`` and the tied teacher, at every depth ``euler``:
+the protocol's Euler warm start, which for a looped student is exact in form — the teacher's one block with
+W_down × ℓ*/ℓ, the teacher's own flow integrated with ℓ steps instead of ℓ* — then trained; then up to
+``continuations`` ``continued<k>`` rounds for a depth whose best student (any route) is not converged (as the
+protocol). The halved chain shows what training from scratch finds; the Euler route what a looped student can reach
+near the teacher's flow.
 
 Run tables (experiment ``compose-toy``): ``looped`` (one row per trained student), ``curves`` (held-out loss every 5 %
 of its steps), ``best`` (lowest held-out loss per teacher, replicate and depth), ``alpha`` (α_ℓ per replicate, the
@@ -58,6 +63,7 @@ class LoopedToyConfig:
     protocol: ConvergedConfig = field(default_factory=lambda: ConvergedConfig(
         "cpu", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(6, 12, 24, 48), steps_deepest=4_000))
     continuations: int = 0
+    euler: bool = True             # the Euler route (tied teacher only) at every depth
 
     def flow_lr(self) -> float:
         """The looped student's base lr (scratch): the protocol's exp-9-3 lr at the smallest depth."""
@@ -73,17 +79,21 @@ class LoopedToyConfig:
         return self.protocol.units()
 
     def to_dict(self) -> dict:
-        return {"profile": self.profile, "protocol": self.protocol.to_dict(), "continuations": self.continuations}
+        return {"profile": self.profile, "protocol": self.protocol.to_dict(), "continuations": self.continuations,
+                "euler": self.euler}
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoopedToyConfig":
-        return cls(d["profile"], ConvergedConfig.from_dict(d["protocol"]), int(d["continuations"]))
+        return cls(d["profile"], ConvergedConfig.from_dict(d["protocol"]), int(d["continuations"]), bool(d["euler"]))
 
     def validate(self) -> "LoopedToyConfig":
         self.protocol.validate()
         ds = sorted(self.protocol.depths)
         if any(b != 2 * a for a, b in zip(ds[:-1], ds[1:])):
             raise InputError(f"looped depths must double (the warm start halves the step), got {ds}")
+        if self.euler and ds[-1] >= self.protocol.teacher_depth:
+            raise InputError(f"the Euler start at depth >= the teacher's ({self.protocol.teacher_depth}) is the teacher "
+                             f"itself (loss 0, nothing to train): looped depths must stay below it, got {ds}")
         if self.continuations < 0:
             raise InputError(f"continuations must be >= 0, got {self.continuations}")
         return self
@@ -104,6 +114,13 @@ def halve(block: StudentWeights) -> StudentWeights:
     (the same flow, half the step)."""
     return StudentWeights(block.W_up.clone(), block.b_up.clone(), block.W_down / 2,
                           None if block.head is None else block.head.clone())
+
+
+def euler_block(teacher: TeacherWeights, depth: int) -> StudentWeights:
+    """The tied teacher's flow as a looped student of ``depth`` steps: its one block with W_down × ℓ*/ℓ and its fixed
+    head (:func:`depthlib.toy.converged.euler_student`, one block of it)."""
+    w = converged.euler_student(teacher, depth)
+    return StudentWeights(w.W_up[:1].clone(), w.b_up[:1].clone(), w.W_down[:1].clone(), w.head)
 
 
 def n_parameters(block: StudentWeights) -> int:
@@ -216,7 +233,8 @@ def train_unit(cfg: LoopedToyConfig, cell: dict, store: results.Run, say=lambda 
     p = cfg.protocol
     teacher = unit_teacher(cfg, cell)
     pool = None
-    best: dict[int, tuple[StudentWeights, dict]] = {}
+    best: dict[int, tuple[StudentWeights, dict]] = {}      # any route
+    trained: dict[int, tuple[StudentWeights, dict]] = {}   # routes that did not start at the teacher
 
     def one(depth: int, route: str, start, named: str) -> None:
         nonlocal pool
@@ -234,14 +252,19 @@ def train_unit(cfg: LoopedToyConfig, cell: dict, store: results.Run, say=lambda 
             store.write_table(f"{name}_row", pd.DataFrame([row]))           # last: a student counts once it exists
         if depth not in best or row["test_loss"] < best[depth][1]["test_loss"]:
             best[depth] = (block, row)
+        from_teacher = route == "euler" or (route.startswith("continued") and named == "euler")
+        if not from_teacher and (depth not in trained or row["test_loss"] < trained[depth][1]["test_loss"]):
+            trained[depth] = (block, row)
 
     depths = sorted(p.depths)
     for i, depth in enumerate(depths):
         if i == 0:
             one(depth, "scratch", None, "exp-9-3 init (one block)")
         else:
-            prev = best[depths[i - 1]]
+            prev = trained[depths[i - 1]]
             one(depth, "halved", halve(prev[0]), f"halved {prev[1]['route']} ℓ={depths[i - 1]}")
+        if cfg.euler and cell["rho"] == 1.0:
+            one(depth, "euler", euler_block(teacher, depth), "Euler discretisation (teacher's block)")
         for k in range(1, cfg.continuations + 1):
             block, row = best[depth]
             if row["converged"]:
@@ -284,5 +307,5 @@ def run_looped_toy(cfg: LoopedToyConfig, *, force: bool = False, progress: bool 
     return results.Run.load(run.path)
 
 
-__all__ = ["EXPERIMENT", "LoopedStudents", "LoopedToyConfig", "halve", "looped_weights", "n_parameters",
+__all__ = ["EXPERIMENT", "LoopedStudents", "LoopedToyConfig", "euler_block", "halve", "looped_weights", "n_parameters",
            "run_looped_toy", "train_looped", "train_unit", "unit_teacher"]
