@@ -206,8 +206,9 @@ def test_a_tiny_run_trains_converges_and_resumes(cache):
     from depthlib.compose import analysis, chapter
     from depthlib.plots import compose as figs
     losses, alphas = analysis.toy_losses(run, run), analysis.toy_alphas(run, run)
-    assert set(losses["kind"]) == {"looped", "untied"} and (losses["n"] == 1).all()
-    assert len(alphas) == 4 and alphas["alpha"].notna().all()
+    assert set(losses["kind"]) == {"looped", analysis.TOY_CHAIN, "untied"} and (losses["n"] == 1).all()
+    assert set(losses.loc[losses["kind"] == analysis.TOY_CHAIN, "teacher"]) == {"tied"}
+    assert len(alphas) == 5 and alphas["alpha"].notna().all()
     for fig in (figs.toy_loss_vs_depth(losses), figs.toy_alpha_forest(alphas)):
         assert plots.figure_problems(fig) == []
     s = chapter.summary(run)

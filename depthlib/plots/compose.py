@@ -140,13 +140,16 @@ __all__ = ["alpha_forest", "cluster_trajectories", "deletion_profile", "diagnost
 
 
 TOY_TEACHER_COLORS = {"tied": plots.color(0), "independent": plots.color(3)}
-TOY_KIND_DASH = {"looped": "solid", "untied": "dash"}
-TOY_KIND_NAMES = {"looped": "looped (one block × ℓ)", "untied": "untied (chapter 3)"}
+TOY_KIND_DASH = {"looped": "solid", "looped, scratch → halved": "dot", "untied": "dash"}
+TOY_KIND_NAMES = {"looped": "looped (one block × ℓ), best route", "looped, scratch → halved": "looped, scratch → halved",
+                  "untied": "untied (chapter 3)"}
+TOY_KIND_SYMBOL = {"looped": "circle", "looped, scratch → halved": "circle-open", "untied": "diamond"}
 
 
 def toy_loss_vs_depth(losses: pd.DataFrame) -> go.Figure:
-    """Converged held-out KL against student depth in chapter 3's toy: looped students (solid) beside chapter 3's
-    untied converged students (dashed), one colour per teacher, 95 % t intervals over replicates."""
+    """Converged held-out KL against student depth in chapter 3's toy: looped students (solid: best route; dotted:
+    the scratch → halved chain where an Euler route exists) beside chapter 3's untied converged students (dashed),
+    one colour per teacher, 95 % t intervals over replicates."""
     fig = plots.new_figure("Toy: converged loss of looped and untied students against depth",
                            "student depth ℓ (block applications)", "converged held-out KL (nats)", log_x=True,
                            log_y=True)
@@ -168,7 +171,7 @@ def toy_alpha_forest(alphas: pd.DataFrame) -> go.Figure:
                            "α<sub>ℓ</sub> (dimensionless)", "", height=120 + 45 * max(len(rows), 1))
     fig.add_trace(go.Scatter(x=rows["alpha"], y=rows["label"], mode="markers", error_x=_errors(rows, "alpha", "lo", "hi"),
                              marker=dict(size=10, color=[TOY_TEACHER_COLORS.get(t) for t in rows["teacher"]],
-                                         symbol=["circle" if k == "looped" else "diamond" for k in rows["kind"]]),
+                                         symbol=[TOY_KIND_SYMBOL.get(k, "square") for k in rows["kind"]]),
                              name="α_ℓ", showlegend=False))
     for x, text in ((1, "1: ensemble averaging"), (3, "3: smooth flow (paper §4)")):
         fig.add_vline(x=x, line=dict(dash="dot", color="#666"))
