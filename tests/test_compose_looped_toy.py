@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -211,6 +212,9 @@ def test_a_tiny_run_trains_converges_and_resumes(cache):
     assert len(alphas) == 5 and alphas["alpha"].notna().all()
     for fig in (figs.toy_loss_vs_depth(losses), figs.toy_alpha_forest(alphas)):
         assert plots.figure_problems(fig) == []
+    rep = chapter.replay(run)
+    assert len(rep) == 2 and rep["committed"].notna().all()
+    assert np.allclose(rep["committed"], rep["replayed"], rtol=1e-6)       # same machine: bit for bit up to float
     s = chapter.summary(run)
     assert set(s["alpha"]) == {"tied", "independent"} and len(s["rel_improvement"]) == len(run.table("best"))
 
