@@ -180,3 +180,57 @@ def curves(run: results.Run) -> pd.DataFrame:
 
 __all__ = ["DIAGNOSTICS", "FAMILY_LABELS", "MIN_POINTS", "alpha_table", "curves", "delete_vs_ensemble", "diagnostic_table",
            "edit_profiles", "fit_laws", "lag_profiles", "layer_profiles", "local_slopes", "loss_table", "mean_interval"]
+
+
+# ---- the toy part: looped students against chapter 3's untied converged students ---------------------------------
+#: the looped toy students' kinds: the best over every route (what α_ℓ is fitted on, as chapter 3's protocol), and the
+#: best of the routes found by training alone (scratch → halved, never started at the teacher's block)
+TOY_CHAIN = "looped, scratch → halved"
+
+
+def toy_best(looped: results.Run) -> dict[str, pd.DataFrame]:
+    """The looped run's best students per (teacher, T, replicate, depth): ``looped`` over every route (its ``best``
+    table) and :data:`TOY_CHAIN` over the routes that did not start at the teacher (the Euler route and its
+    continuations excluded), for the teachers that have an Euler route."""
+    from depthlib.toy import converged
+    rows = looped.table("looped")
+    from_teacher = (rows["route"] == "euler") | (rows["route"].str.startswith("continued") & (rows["start"] == "euler"))
+    out = {"looped": looped.table("best")}
+    euler_teachers = set(rows.loc[rows["route"] == "euler", "teacher"])
+    if euler_teachers:
+        chain = rows[~from_teacher & rows["teacher"].isin(euler_teachers)]
+        out[TOY_CHAIN] = converged.best_routes(chain)
+    return out
+
+
+def toy_losses(looped: results.Run, untied: results.Run, temperature: float = 1.0) -> pd.DataFrame:
+    """Converged held-out loss per (student kind, teacher, depth) at ``temperature``: mean over replicates with its
+    95 % t interval, for the looped students of chapter 7's toy run (:func:`toy_best`: best over every route, and the
+    scratch → halved chain where an Euler route exists) and chapter 3's untied converged students (its ``best``)."""
+    rows = []
+    for kind, best in (*toy_best(looped).items(), ("untied", untied.table("best"))):
+        best = best[np.isclose(best["temperature"], temperature)]
+        for (teacher, depth), g in best.groupby(["teacher", "depth"]):
+            m, lo, hi, n = mean_interval(g["test_loss"])
+            rows.append({"kind": kind, "teacher": teacher, "depth": int(depth), "loss": m, "lo": lo, "hi": hi,
+                         "n": n, "converged": int(g["converged"].sum()),
+                         "rel_improvement_max": float(g["rel_improvement_last20"].max())})
+    return pd.DataFrame(rows)
+
+
+def toy_alphas(looped: results.Run, untied: results.Run, temperature: float = 1.0) -> pd.DataFrame:
+    """α_ℓ per (student kind, teacher) at ``temperature`` from each run's ``alpha_summary`` (the converged protocol's
+    fit: log–log over depth per replicate, mean and 95 % t interval over replicates, or the fit's own t interval with
+    one replicate; for the scratch → halved chain the same fit on its own best students), with the depths fitted."""
+    from depthlib.toy import converged
+    tables = {kind: (converged.alpha_tables(best)[1] if kind == TOY_CHAIN else looped.table("alpha_summary"), best)
+              for kind, best in toy_best(looped).items()}
+    tables["untied"] = (untied.table("alpha_summary"), untied.table("best"))
+    rows = []
+    for kind, (s, best) in tables.items():
+        depths = sorted(best["depth"].unique())
+        for r in s[np.isclose(s["temperature"], temperature)].itertuples():
+            rows.append({"kind": kind, "teacher": r.teacher, "alpha": float(r.alpha), "lo": float(r.lo),
+                         "hi": float(r.hi), "replicates": int(r.replicates), "interval": r.interval,
+                         "depths": ", ".join(str(int(d)) for d in depths)})
+    return pd.DataFrame(rows)

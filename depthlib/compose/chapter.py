@@ -1,6 +1,7 @@
 """Chapter 7's glue: the profiles, the run the chapter shows, its replay check, what the text states about it.
 
-The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part, ``rhm``),
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (two parts: ``rhm``, the
+hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
 ``describe``, ``summary`` and ``COMPUTE``.
 """
@@ -12,27 +13,34 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime
+from depthlib.compose import looped_toy
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
+from depthlib.compose.looped_toy import LoopedToyConfig
 from depthlib.compose.model import ModelConfig
 from depthlib.compose.rhm import RHMConfig
 from depthlib.compose.train import TrainConfig
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
+from depthlib.toy.converged import ConvergedConfig
 
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: the compose package, the angle measures and the trajectory clusters).
-COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose"}
+COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
+           looped_toy.EXPERIMENT: "depthlib.compose.looped_toy:run_looped_toy"}
+TOY_EXPERIMENT = looped_toy.EXPERIMENT
 
-__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "ComposeProfile", "compute", "describe", "profile_config", "replay",
-           "runs", "summary"]
+__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe",
+           "describe_toy", "profile_config", "replay", "replay_toy", "runs", "summary", "summary_toy"]
 
 
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
-    """What chapter 7 trains under one profile: one run of every family at every depth."""
+    """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``), and
+    the looped students in chapter 3's toy (``toy``)."""
 
     name: str
     run: ComposeConfig
+    toy: LoopedToyConfig
 
 
 #: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
@@ -40,17 +48,32 @@ class ComposeProfile(Profile):
 #: (v, m, s, L) = (8, 2, 2, 4) — 16 leaves, 16 of the 64 symbol pairs used per level — width 32, effective depths 1–8
 #: (below and above L = 4), three families, three replicates, 2000 steps × 64 fresh sequences per member.
 #: paper: a GPU; a deeper grammar (L = 5, 32 leaves, v = 16, m = 4), width 128, depths to 24, five replicates.
+#: The toy part (looped students, :mod:`depthlib.compose.looped_toy`) reuses chapter 3's converged protocol: cpu: the
+#: tied and independent teachers at T = 1, the committed calibration's teachers of replicates 0 and 1, looped depths
+#: 6, 12, 24, 48, the protocol's default budget (3000 steps at ℓ = 48, 8× at ℓ = 6: 24 000), no continuation rounds;
+#: routes scratch → halved on both teachers, Euler on the tied one (measured about 80 s per student on one shared
+#: core: 24 students, about 35 min in all); paper: three replicates, depths to 96, 40 000 steps at the deepest, batch
+#: 1024, two continuation rounds.
 PROFILES: dict[str, ComposeProfile] = {
     "smoke": ComposeProfile("smoke", ComposeConfig(
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
         model=ModelConfig(d_model=16, n_heads=2),
-        train=TrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2)),
-    "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4))),
+        train=TrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2),
+        LoopedToyConfig("smoke", ConvergedConfig(
+            "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(1, 2, 4, 8), steps_deepest=40, batch=32,
+            pool_batches=8, evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16), continuations=1)),
+    "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
+                          LoopedToyConfig("cpu", ConvergedConfig(
+                              "cpu", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(6, 12, 24, 48),
+                              steps_deepest=3_000), continuations=0)),
     "paper": ComposeProfile("paper", ComposeConfig(
         "paper", grammar=RHMConfig(v=16, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24),
         seeds=(0, 1, 2, 3, 4), model=ModelConfig(d_model=128, n_heads=4),
         train=TrainConfig(steps=20_000, batch_size=256, lr=1e-3, n_held_out=8192), n_probe=2048,
-        n_permutations=8)),
+        n_permutations=8),
+        LoopedToyConfig("paper", ConvergedConfig(
+            "paper", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48, 96), steps_deepest=40_000,
+            batch=1024, pool_batches=4_096), continuations=2)),
 }
 
 
@@ -59,17 +82,21 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
     return PROFILES[profile].run.validate()
 
 
-def compute(cfg: ComposeConfig, *, force: bool = False, progress: bool = True) -> results.Run:
-    """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s)."""
+def compute(cfg: ComposeConfig | LoopedToyConfig, *, force: bool = False, progress: bool = True) -> results.Run:
+    """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
+    or for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s)."""
     runtime.configure_process(1)
+    if isinstance(cfg, LoopedToyConfig):
+        return looped_toy.run_looped_toy(cfg, force=force, progress=progress)
     return run_compose(cfg, force=force, progress=progress)
 
 
 def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
          progress: bool = False) -> dict[str, results.Run]:
-    """``{"rhm": run}``: the run chapter 7 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`),
-    trained now (resumable) if there is none. Members train in this process on the CPU (``executor`` and ``device``
-    are accepted for the contract and must be left at their defaults)."""
+    """``{"rhm": run, "toy": run}``: the runs chapter 7 shows for ``profile`` (the one rule:
+    :func:`depthlib.results.select_run`), each trained now (resumable) if there is none. Members train in this
+    process on the CPU (``executor`` and ``device`` are accepted for the contract and must be left at their
+    defaults)."""
     results.check_profile(profile)
     if executor is not None and getattr(executor, "kind", "serial") != "serial":
         raise InputError("chapter 7 trains its members in this process: no executor")
@@ -77,14 +104,42 @@ def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: 
         raise InputError(f"chapter 7 trains on the CPU, got device {device!r}")
     return {"rhm": results.chapter_run(
         EXPERIMENT, profile, lambda: compute(PROFILES[profile].run, progress=progress),
-        expected_config=lambda p: PROFILES[p].run.to_dict() if p in PROFILES else None, rerun=rerun)}
+        expected_config=lambda p: PROFILES[p].run.to_dict() if p in PROFILES else None, rerun=rerun),
+        "toy": results.chapter_run(
+        TOY_EXPERIMENT, profile, lambda: compute(PROFILES[profile].toy, progress=progress),
+        expected_config=lambda p: PROFILES[p].toy.to_dict() if p in PROFILES else None, rerun=rerun)}
+
+
+def replay_toy(run: results.Run) -> pd.DataFrame:
+    """Retrain the toy run's first looped student (first unit, smallest depth, scratch) up to its first held-out
+    evaluation with the current code; its committed and recomputed held-out losses at step 0 and there."""
+    import torch
+    cfg = LoopedToyConfig.from_dict(run.config)
+    cell, depth = cfg.units()[0], min(cfg.protocol.depths)
+    teacher = looped_toy.unit_teacher(cfg, cell)
+    first = cfg.protocol.steps(depth) // cfg.protocol.evals
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pool = looped_toy.converged.make_pool(cfg.protocol, teacher, cell["replicate"])
+        _, curve, _ = looped_toy.train_looped(cfg, teacher, pool, cell, depth, "scratch", None, "", stop_at=first)
+    finally:
+        torch.set_num_threads(threads)
+    curves = run.table("curves")
+    mine = curves[(curves["rho"] == cell["rho"]) & (curves["temperature"] == cell["temperature"])
+                  & (curves["replicate"] == cell["replicate"]) & (curves["depth"] == depth)
+                  & (curves["route"] == "scratch")]
+    out = curve[["step", "test_loss"]].rename(columns={"test_loss": "replayed"})
+    return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="left")
 
 
 def replay(run: results.Run) -> pd.DataFrame:
     """Retrain the run's first member (first replicate, first family, shallowest depth) up to its first held-out
     evaluation with the current code; its committed and recomputed held-out and training losses there (columns
-    ``committed``, ``replayed``)."""
+    ``committed``, ``replayed``). A toy run is replayed by :func:`replay_toy`."""
     import torch
+    if run.experiment == TOY_EXPERIMENT:
+        return replay_toy(run)
 
     from depthlib.compose import rhm
     from depthlib.compose.train import held_out
@@ -114,8 +169,37 @@ def replay(run: results.Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def describe_toy(run: results.Run) -> dict:
+    """Provenance and settings of a toy run (looped students)."""
+    c = LoopedToyConfig.from_dict(run.config)
+    p = c.protocol
+    return {**results.run_info(run), "teachers": [looped_toy.converged.TEACHER_KINDS[r] for r, _, _ in p.cells],
+            "temperatures": sorted({float(t) for _, t, _ in p.cells}),
+            "replicates": max(int(n) for _, _, n in p.cells), "depths": list(p.depths),
+            "steps": {int(d): p.steps(d) for d in p.depths}, "batch": p.batch, "pool_batches": p.pool_batches,
+            "flow_lr": c.flow_lr(), "lr_warm": p.lr_warm, "continuations": c.continuations,
+            "teacher_depth": p.teacher_depth, "d_model": p.d_model}
+
+
+def summary_toy(run: results.Run) -> dict:
+    """The key numbers of a toy run: per teacher the looped students' converged loss by depth (mean over replicates),
+    α_ℓ with its interval, the relative improvements, convergence and wall time."""
+    best, alpha = run.table("best"), run.table("alpha_summary")
+    return {"run": str(run.path), **{k: v for k, v in describe_toy(run).items() if k in ("profile", "depths",
+                                                                                            "replicates", "steps")},
+            "losses": {t: {int(d): float(x) for d, x in g.groupby("depth")["test_loss"].mean().items()}
+                       for t, g in best.groupby("teacher")},
+            "alpha": {r.teacher: {"value": float(r.alpha), "lo": float(r.lo), "hi": float(r.hi),
+                                  "interval": r.interval} for r in alpha.itertuples()},
+            "rel_improvement": {f"{r.teacher} r{r.replicate} ℓ={r.depth}": float(r.rel_improvement_last20)
+                                for r in best.itertuples()},
+            "all_converged": bool(best["converged"].all()), "wall_time_s": run.manifest.get("wall_time_s")}
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
+    if run.experiment == TOY_EXPERIMENT:
+        return describe_toy(run)
     c = from_dict(ComposeConfig, run.config)
     g = c.grammar
     return {**results.run_info(run), "grammar": {"v": g.v, "m": g.m, "s": g.s, "L": g.L, "seed": g.seed},
@@ -128,8 +212,11 @@ def describe(run: results.Run) -> dict:
 
 def summary(run: results.Run) -> dict:
     """The key numbers of a run: per family the held-out loss and excess per depth (mean over replicates), the depth
-    exponents with their intervals over replicates, convergence, and what the run cost."""
+    exponents with their intervals over replicates, convergence, and what the run cost (a toy run: the looped
+    students' converged losses by depth, α_ℓ per teacher, their relative improvements)."""
     from depthlib.compose import analysis
+    if run.experiment == TOY_EXPERIMENT:
+        return summary_toy(run)
     d = describe(run)
     alphas = analysis.alpha_table(run)
     losses = analysis.loss_table(run)
