@@ -114,23 +114,30 @@ def _panel_text(page) -> str:
     return page.evaluate(PANEL_JS)
 
 
+def _refit(page, button, expect: str) -> str:
+    """Press the panel's Run Interact button and wait until its output changes and contains ``expect``."""
+    previous = _panel_text(page)
+    button.click()
+    page.wait_for_function("([b, e]) => { const o = document.querySelector('.widget-interact .jp-OutputArea');"
+                           " return o && o.textContent.includes(e) && o.textContent !== b; }",
+                           arg=[previous, expect], timeout=120_000)
+    return _panel_text(page)
+
+
 def test_chapter3_refit_panel_follows_the_depth_selection(lab, browser):
     page = _run_all(browser, lab, "03_toy_regimes.ipynb")
     select = page.locator(".widget-interact .widget-select-multiple select").first
     select.wait_for(timeout=60_000)
     select.scroll_into_view_if_needed()
-    page.wait_for_function("() => document.querySelector('.widget-interact .jp-OutputArea table')")
-    before = _panel_text(page)
+    button = page.locator(".widget-interact button", has_text="Run Interact").first
+    every_depth = _refit(page, button, "step")
     n_options = select.locator("option").count()
     assert n_options >= 3, f"the depth selector offers {n_options} depths"
     select.select_option(index=[0, 1])              # the two shallowest depths: a different fit
-    page.wait_for_function("(b) => { const o = document.querySelector('.widget-interact .jp-OutputArea');"
-                           " return o && o.textContent !== b && o.querySelector('table'); }", arg=before, timeout=60_000)
-    assert _panel_text(page) != before
+    two_depths = _refit(page, button, "step")
+    assert two_depths != every_depth
     select.select_option(index=[0])                 # one depth: the panel says it cannot fit, no traceback
-    page.wait_for_function("() => document.querySelector('.widget-interact .jp-OutputArea').textContent"
-                           ".includes('cannot fit')", timeout=60_000)
-    assert "Traceback" not in _panel_text(page)
+    assert "Traceback" not in _refit(page, button, "cannot fit")
     page.close()
 
 
@@ -139,18 +146,9 @@ def test_chapter1_refit_panel_refits_with_the_chosen_objective(lab, browser):
     button = page.locator(".widget-interact button", has_text="Run Interact").first
     button.wait_for(timeout=60_000)
     button.scroll_into_view_if_needed()
-
-    def refit() -> str:
-        previous = _panel_text(page)
-        button.click()
-        page.wait_for_function("(b) => { const o = document.querySelector('.widget-interact .jp-OutputArea');"
-                               " return o && o.textContent.includes('alpha_l') && o.textContent !== b; }",
-                               arg=previous, timeout=120_000)
-        return _panel_text(page)
-
-    mse = refit()
+    mse = _refit(page, button, "alpha_l")
     page.locator(".widget-interact .widget-dropdown", has_text="objective").locator("select").select_option("huber")
-    huber = refit()
+    huber = _refit(page, button, "alpha_l")
     assert mse != huber, "changing the objective did not change the fit"
     assert "Traceback" not in huber
     page.close()
