@@ -60,6 +60,19 @@ def vendor_assets(dest: Path = ASSETS, force: bool = False) -> Path:
     marker = dest / ".complete"
     if marker.exists() and not force:
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)   # a second builder (e.g. another pytest worker) waits for the first
+        except ImportError:                    # Windows: no lock
+            pass
+        if marker.exists() and not force:
+            return dest
+        return _vendor(dest, marker)
+
+
+def _vendor(dest: Path, marker: Path) -> Path:
     import plotly
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", dest / "plotly.min.js")

@@ -24,8 +24,12 @@ def chinchilla_df():
 SPREAD = frozenset({"test_committed_runs.py", "test_notebooks_smoke.py"})
 
 
+#: Files that must share one worker: both build the book into the checkout (vendored assets, ``_build``).
+TOGETHER = {"test_book_browser.py": "book", "test_book_publish.py": "book"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Keep every other file on one worker (its module fixtures are built once; a notebook's cells share a kernel)."""
     for item in items:
         if item.path.name not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
+            item.add_marker(pytest.mark.xdist_group(TOGETHER.get(item.path.name, item.path.name)))
