@@ -54,12 +54,12 @@ notebooks: install
 	$(BIN)/python -m depthlib.book refresh
 
 # One pytest worker per core (TEST_JOBS=1 runs them in one process). A test file stays on one worker (its fixtures are
-# built once; a notebook's cells share a kernel) except the files tests/conftest.py spreads (the committed-run replays);
-# each worker and notebook kernel computes on one thread, so the workers never oversubscribe the cores.
+# built once; a notebook's cells share a kernel); each worker and notebook kernel computes on one thread, so the
+# workers never oversubscribe the cores.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 test: install
 	$(BIN)/ruff check depthlib tests benchmarks
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadgroup --durations=25 --nbval tests notebooks
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile --durations=25 --nbval tests notebooks
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow and not browser" tests
