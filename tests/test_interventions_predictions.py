@@ -255,3 +255,14 @@ def test_norm_sentence_reports_the_norm_matched_fraction():
     col = np.r_[0.8, 0.8 + 0.01 * np.sin(np.arange(100))]
     text = analysis.norm_sentence({"lm": {("norm_ratio", "middle", 6): col}})
     assert "lm (k = 6) 0.8 [" in text and analysis.norm_sentence({"lm": {}}) == ""
+
+
+def test_reader_tables_rename_and_fill_only_the_missing_cells():
+    import pandas as pd
+
+    from depthlib.interventions import analysis
+    t = pd.DataFrame({"held_on_control": [True, None], "gemma": [0.5, None]}, index=["alpha_del", "order_ratio"])
+    shown = analysis.for_reader(t)
+    assert list(shown.columns) == ["held on its control", "gemma"]
+    assert list(shown.index) == [analysis.READER_NAMES["alpha_del"], analysis.READER_NAMES["order_ratio"]]
+    assert shown.iloc[0].tolist() == [True, 0.5] and shown.iloc[1].tolist() == ["—", "—"]

@@ -337,7 +337,8 @@ READER_NAMES = {
 def for_reader(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with reader names (:data:`READER_NAMES`) for its statistics and columns and "—" for what a model
     does not have (a k or a plan family it was not run at)."""
-    return table.rename(index=READER_NAMES, columns=READER_NAMES).astype(object).where(table.notna(), "—")
+    named = table.rename(index=READER_NAMES, columns=READER_NAMES)
+    return named.astype(object).where(named.notna(), "—")
 
 
 def formatted(table: pd.DataFrame, index: str | list[str], columns: str = "model", digits: int = 3) -> pd.DataFrame:
