@@ -124,36 +124,31 @@ def diagnostic_table(run: results.Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _replicate_means(t: pd.DataFrame, keys: list[str], column: str, name: str) -> pd.DataFrame:
+    """One row per ``keys`` (family, depth and one more integer key): ``name`` = the mean of ``column`` over
+    replicates, with its 95 % t interval (lo, hi)."""
+    rows = []
+    for values, g in t.groupby(keys):
+        m, lo, hi, _ = mean_interval(g[column])
+        rows.append({**{k: (v if k == "family" else int(v)) for k, v in zip(keys, values)}, name: m, "lo": lo, "hi": hi})
+    return pd.DataFrame(rows)
+
+
 def layer_profiles(run: results.Run, metric: str = "theta") -> pd.DataFrame:
     """family, depth, layer, mean (over replicates of the per-block means), lo, hi."""
     t = run.table("layers")
-    t = t[t["metric"] == metric]
-    rows = []
-    for (family, depth, layer), g in t.groupby(["family", "depth", "layer"]):
-        m, lo, hi, _ = mean_interval(g["mean"])
-        rows.append({"family": family, "depth": int(depth), "layer": int(layer), "mean": m, "lo": lo, "hi": hi})
-    return pd.DataFrame(rows)
+    return _replicate_means(t[t["metric"] == metric], ["family", "depth", "layer"], "mean", "mean")
 
 
 def lag_profiles(run: results.Run) -> pd.DataFrame:
     """family, depth, k, cos (mean over replicates), lo, hi."""
-    t = run.table("lags")
-    rows = []
-    for (family, depth, k), g in t.groupby(["family", "depth", "k"]):
-        m, lo, hi, _ = mean_interval(g["cos"])
-        rows.append({"family": family, "depth": int(depth), "k": int(k), "cos": m, "lo": lo, "hi": hi})
-    return pd.DataFrame(rows)
+    return _replicate_means(run.table("lags"), ["family", "depth", "k"], "cos", "cos")
 
 
 def edit_profiles(run: results.Run, edit: str = "delete") -> pd.DataFrame:
     """family, depth, position, delta (Δloss, nats/token; mean over replicates), lo, hi, for one kind of edit."""
     t = run.table("edits")
-    t = t[t["edit"] == edit]
-    rows = []
-    for (family, depth, pos), g in t.groupby(["family", "depth", "position"]):
-        m, lo, hi, _ = mean_interval(g["delta"])
-        rows.append({"family": family, "depth": int(depth), "position": int(pos), "delta": m, "lo": lo, "hi": hi})
-    return pd.DataFrame(rows)
+    return _replicate_means(t[t["edit"] == edit], ["family", "depth", "position"], "delta", "delta")
 
 
 def local_slopes(run: results.Run) -> pd.DataFrame:

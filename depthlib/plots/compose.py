@@ -49,11 +49,7 @@ def alpha_forest(alphas: pd.DataFrame) -> go.Figure:
                              error_x=_errors(rows, "value", "lo", "hi"),
                              marker=dict(size=10, color=[FAMILY_COLORS.get(f) for f in rows["family"]]),
                              name="α_ℓ", showlegend=False))
-    for x, text in ((1, "1: ensemble averaging"), (3, "3: smooth flow (paper §4)")):
-        fig.add_vline(x=x, line=dict(dash="dot", color="#666"))
-        fig.add_annotation(x=x, y=1, yref="paper", text=text, showarrow=False, xanchor="left", yanchor="bottom")
-    fig.update_yaxes(type="category", automargin=True)
-    return fig
+    return _with_mechanism_guides(fig)
 
 
 def loss_curves(curves: pd.DataFrame, family: str) -> go.Figure:
@@ -173,6 +169,11 @@ def toy_alpha_forest(alphas: pd.DataFrame) -> go.Figure:
                              marker=dict(size=10, color=[TOY_TEACHER_COLORS.get(t) for t in rows["teacher"]],
                                          symbol=[TOY_KIND_SYMBOL.get(k, "square") for k in rows["kind"]]),
                              name="α_ℓ", showlegend=False))
+    return _with_mechanism_guides(fig)
+
+
+def _with_mechanism_guides(fig: go.Figure) -> go.Figure:
+    """Dotted lines at α_ℓ = 1 (ensemble averaging) and 3 (a smooth flow) on a forest plot of exponents."""
     for x, text in ((1, "1: ensemble averaging"), (3, "3: smooth flow (paper §4)")):
         fig.add_vline(x=x, line=dict(dash="dot", color="#666"))
         fig.add_annotation(x=x, y=1, yref="paper", text=text, showarrow=False, xanchor="left", yanchor="bottom")
