@@ -326,8 +326,10 @@ def test_json_into_a_closed_pipe_is_quiet(tmp_path):
 
 def test_ctrl_c_says_what_was_saved_and_how_to_resume(tmp_path):
     env = {**os.environ, "DEPTHLIB_CACHE_DIR": str(tmp_path / "cache")}
+    # a pytest-xdist worker ignores SIGINT, and a child that inherits SIG_IGN never sees Ctrl-C: restore the default
     proc = subprocess.Popen([sys.executable, "-m", "depthlib.cli", "toy", "--steps", "100000", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # generous limits: with one pytest worker per core and the other worker busy, start-up (imports, the teachers) and
     # the checkpoint written on Ctrl-C take minutes on a loaded 2-core machine, seconds on an idle one
     deadline = time.time() + 600
