@@ -1,4 +1,4 @@
-"""Looped students in chapter 3's toy (issue 24, part 2): one residual block applied ℓ times with step 1/ℓ.
+"""Looped students in chapter 3's toy: one residual block applied ℓ times with step 1/ℓ.
 
 A looped student of depth ℓ is the toy's residual MLP block (:mod:`depthlib.toy.models`) with **one** set of weights
 (W_up, b_up and a vector-field down-projection V), applied ℓ times::
