@@ -68,6 +68,15 @@ def test_figure_problems_names_what_keeps_a_reader_from_reading_a_figure():
     empty = go.Figure(go.Scatter(x=[], y=[]))
     empty.update_layout(xaxis_title="x (units)", yaxis_title="y (units)")
     assert plots.figure_problems(empty) == ["no trace has data"]
+    labels_only = go.Figure(go.Scatter(x=["a", "b"], y=[float("nan"), None]))   # categories beside missing values
+    labels_only.update_layout(xaxis_title="model", yaxis_title="y (units)")
+    assert plots.figure_problems(labels_only) == ["no trace has data"]
+    on_linear = go.Figure(go.Scatter(x=["a", "b"], y=[1.0, 2.0]))
+    on_linear.update_layout(xaxis_title="model", yaxis_title="y (units)", xaxis_type="linear")
+    assert plots.figure_problems(on_linear) == ["category labels on the numeric x axis (they draw nothing)"]
+    heat = go.Figure(go.Heatmap(z=[[1.0, 2.0], [3.0, float("nan")]], x=["a", "b"], y=["c", "d"]))
+    heat.update_layout(xaxis_title="x (units)", yaxis_title="y (units)")
+    assert plots.figure_problems(heat) == []
     untitled = go.Figure(go.Scatter(x=[1], y=[1]))
     assert plots.figure_problems(untitled) == ["no x axis has a title", "no y axis has a title"]
     crowded = go.Figure([go.Scatter(x=[1], y=[i], name=str(i)) for i in range(plots.MAX_LEGEND_ENTRIES + 1)])

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
@@ -72,8 +73,9 @@ def new_figure(title: str, x_title: str, y_title: str, *, log_x: bool = False, l
     """An empty figure in the shared style. Axis titles must carry units, e.g. 'depth ℓ (blocks)'."""
     fig = go.Figure()
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", y=0.97, yanchor="top"), height=height)
-    fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear")
-    fig.update_yaxes(title_text=y_title, type="log" if log_y else "linear")
+    # not "linear": plotly then types each axis from its data, so category labels get a category axis
+    fig.update_xaxes(title_text=x_title, type="log" if log_x else "-")
+    fig.update_yaxes(title_text=y_title, type="log" if log_y else "-")
     return fig
 
 
@@ -123,14 +125,22 @@ MAX_LEGEND_ENTRIES = 10
 
 
 def _has_data(trace) -> bool:
-    return any(getattr(trace, k, None) is not None and np.size(getattr(trace, k)) > 0
-               for k in ("x", "y", "z", "values", "r", "lat"))
+    """Whether ``trace`` has a finite number to draw in any of its coordinates (category labels beside missing values
+    draw nothing)."""
+    for k in ("x", "y", "z", "values", "r"):
+        v = getattr(trace, k, None)
+        if v is not None and np.size(v):
+            numbers = pd.to_numeric(pd.Series(np.asarray(v, dtype=object).ravel()), errors="coerce")
+            if np.isfinite(numbers.to_numpy(float)).any():
+                return True
+    return False
 
 
 def figure_problems(fig: go.Figure) -> list[str]:
     """What keeps a reader from reading ``fig``: no trace with data, no titled x or y axis (the quantity and its
-    unit; with subplots one titled axis of each kind suffices; a category axis's labels name its rows), or more
-    than :data:`MAX_LEGEND_ENTRIES` legend entries shown at once."""
+    unit; with subplots one titled axis of each kind suffices; a category axis's labels name its rows), category
+    labels on an axis typed linear or log (plotly draws nothing), or more than :data:`MAX_LEGEND_ENTRIES` legend
+    entries shown at once."""
     problems = [] if any(_has_data(t) for t in fig.data) else ["no trace has data"]
     layout = fig.layout.to_plotly_json()
     cartesian = any(getattr(t, "xaxis", None) is not None or t.type in ("scatter", "bar", "box", "heatmap")
@@ -140,6 +150,14 @@ def figure_problems(fig: go.Figure) -> list[str]:
                   and ((spec.get("title") or {}).get("text") or spec.get("type") == "category")]
         if cartesian and not titled:
             problems.append(f"no {kind} axis has a title")
+    for t in fig.data:
+        for kind in ("x", "y"):
+            values = getattr(t, kind, None)
+            axis = layout.get((getattr(t, f"{kind}axis", None) or kind).replace(kind, kind + "axis", 1), {})
+            if (values is not None and axis.get("type") in ("linear", "log")
+                    and pd.to_numeric(pd.Series(np.asarray(values, dtype=object).ravel()), errors="coerce").isna().all()
+                    and any(isinstance(v, str) for v in np.asarray(values, dtype=object).ravel())):
+                problems.append(f"category labels on the numeric {kind} axis (they draw nothing)")
     shown = [t for t in fig.data if t.showlegend is not False and t.visible in (None, True, "legendonly")]
     if layout.get("showlegend") is not False and len(shown) > MAX_LEGEND_ENTRIES:
         problems.append(f"{len(shown)} legend entries shown at once (at most {MAX_LEGEND_ENTRIES})")
