@@ -18,3 +18,12 @@ def chinchilla_df():
         pytest.skip("no local Chinchilla CSV: set DEPTHLIB_DATA_DIR")
     return data.chinchilla()
 
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test (tiny models: more threads only add overhead), restored afterwards."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

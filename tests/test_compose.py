@@ -18,12 +18,7 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small ops: one thread is fastest
 
 
 GRAMMARS = [rhm.RHMConfig(8, 2, 2, 3), rhm.RHMConfig(4, 3, 2, 2, seed=5), rhm.RHMConfig(5, 2, 3, 2, seed=1)]

@@ -17,12 +17,7 @@ PROTOCOL = converged.ConvergedConfig("smoke", cells=((1.0, 1.0, 1), (0.0, 1.0, 1
                                      teacher_depth=16, d_model=8)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small ops: one thread is fastest
 
 
 @pytest.fixture

@@ -22,12 +22,7 @@ from depthlib.toy.reference import train_alone
 SHAPE = ToyShape(teacher_depth=8)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small ops: one thread is fastest
 
 
 # ---- teachers ------------------------------------------------------------------------------------------

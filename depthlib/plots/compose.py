@@ -117,17 +117,13 @@ def deletion_profile(edits: pd.DataFrame, family: str) -> go.Figure:
 
 
 def cluster_trajectories(clusters: pd.DataFrame, family: str, depth: int, seed: int) -> go.Figure:
-    """The two ideal trajectories and each cluster's mean trajectory of one member (chapter 2's Fig. 2b companion)."""
-    t = clusters[(clusters["family"] == family) & (clusters["depth"] == depth) & (clusters["seed"] == seed)]
-    fig = plots.new_figure(f"Ideal trajectories and cluster means — {FAMILY_NAMES.get(family, family)}, ℓ = {depth}",
-                           "block l (1 = first)", "θ(h<sub>l−1</sub>, h<sub>l</sub>) (rad)")
-    for i, name in enumerate(sorted(t["cluster"].unique())):
-        for kind, dash in (("ideal", "dash"), ("cluster mean", None)):
-            g = t[(t["cluster"] == name) & (t["kind"] == kind)].sort_values("block")
-            if len(g):
-                share = f" ({100 * g['fraction'].iloc[0]:.1f}% of tokens)" if kind == "cluster mean" else ""
-                fig.add_trace(go.Scatter(x=g["block"], y=g["theta"], mode="lines" if dash else "lines+markers",
-                                         line=dict(color=plots.color(i), dash=dash), name=f"{kind}: {name}{share}"))
+    """The two ideal trajectories and each cluster's mean trajectory of one member: chapter 6's figure
+    (:func:`depthlib.plots.lm.cluster_trajectories`) for one family and replicate."""
+    from depthlib.plots import lm
+    t = clusters[(clusters["family"] == family) & (clusters["seed"] == seed)]
+    fig = lm.cluster_trajectories(t, depth)
+    fig.update_layout(title_text=f"Ideal trajectories and cluster means — {FAMILY_NAMES.get(family, family)}, "
+                                 f"ℓ = {depth}")
     return fig
 
 
