@@ -1,46 +1,54 @@
 """Chapter 7's glue: the profiles, the run the chapter shows, its replay check, what the text states about it.
 
-The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (two parts: ``rhm``, the
-hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy),
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (three parts: ``rhm``, the
+hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy;
+``text``, the three families on chapter 6's text),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
 ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime
-from depthlib.compose import looped_toy
+from depthlib.compose import looped_toy, text
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
 from depthlib.compose.looped_toy import LoopedToyConfig
 from depthlib.compose.model import ModelConfig
 from depthlib.compose.rhm import RHMConfig
+from depthlib.compose.text import TextConfig
 from depthlib.compose.train import TrainConfig
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
+from depthlib.lm.corpus import CorpusConfig
 from depthlib.toy.converged import ConvergedConfig
 
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: the compose package, the angle measures and the trajectory clusters).
 COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
-           looped_toy.EXPERIMENT: "depthlib.compose.looped_toy:run_looped_toy"}
+           looped_toy.EXPERIMENT: "depthlib.compose.looped_toy:run_looped_toy",
+           text.EXPERIMENT: "depthlib.compose.text:run_text"}
 TOY_EXPERIMENT = looped_toy.EXPERIMENT
+TEXT_EXPERIMENT = text.EXPERIMENT
 
-__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe",
-           "describe_toy", "profile_config", "replay", "replay_toy", "runs", "summary", "summary_toy"]
+__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "TEXT_EXPERIMENT", "TOY_EXPERIMENT", "ComposeProfile", "compute",
+           "describe", "describe_text", "describe_toy", "profile_config", "replay", "replay_text", "replay_toy", "runs",
+           "summary", "summary_text", "summary_toy"]
 
 
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
-    """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``), and
-    the looped students in chapter 3's toy (``toy``)."""
+    """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``),
+    the looped students in chapter 3's toy (``toy``), and the three families on chapter 6's text (``text``)."""
 
     name: str
     run: ComposeConfig
     toy: LoopedToyConfig
+    text: TextConfig
 
 
 #: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
@@ -51,6 +59,10 @@ class ComposeProfile(Profile):
 #: The toy part (looped students, :mod:`depthlib.compose.looped_toy`) reuses chapter 3's converged protocol: cpu: the
 #: tied and independent teachers at T = 1, the committed calibration's teachers of replicates 0 and 1, looped depths
 #: 6, 12, 24, 48, the protocol's default budget (3000 steps at ℓ = 48, 8× at ℓ = 6: 24 000), no continuation rounds;
+#: The text part (:mod:`depthlib.compose.text`): chapter 6's corpus, tokenizer, windows and 2.0 M tokens per member
+#: (1000 steps × 32 windows of 64), width 64 as chapter 6; effective depths 1–8 (looped from 3), one seed, so the
+#: intervals are bootstraps over the 31 held-out documents (measured 0.085 s per step for the unembedding plus
+#: 0.021 s per block application on one core: about 56 core-minutes for the 19 members, two workers).
 #: routes scratch → halved on both teachers, Euler on the tied one (measured about 80 s per student on one shared
 #: core: 24 students, about 35 min in all); paper: three replicates, depths to 96, 40 000 steps at the deepest, batch
 #: 1024, two continuation rounds.
@@ -61,11 +73,16 @@ PROFILES: dict[str, ComposeProfile] = {
         train=TrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2),
         LoopedToyConfig("smoke", ConvergedConfig(
             "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(1, 2, 4, 8), steps_deepest=40, batch=32,
-            pool_batches=8, evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16), continuations=1)),
+            pool_batches=8, evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16), continuations=1),
+        TextConfig("smoke", corpus=CorpusConfig(n_docs=24, val_every=6, val_tokens=64, probe_chunks=2, probe_words=20),
+                   vocab_size=512, context=32, depths=(1, 2, 3, 4), model=ModelConfig(d_model=16, n_heads=2),
+                   train=TrainConfig(steps=20, batch_size=8, evals=5, n_held_out=1), n_probe=8, n_permutations=2,
+                   n_bootstrap=50)),
     "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
                           LoopedToyConfig("cpu", ConvergedConfig(
                               "cpu", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(6, 12, 24, 48),
-                              steps_deepest=3_000), continuations=0)),
+                              steps_deepest=3_000), continuations=0),
+                          TextConfig("cpu")),
     "paper": ComposeProfile("paper", ComposeConfig(
         "paper", grammar=RHMConfig(v=16, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24),
         seeds=(0, 1, 2, 3, 4), model=ModelConfig(d_model=128, n_heads=4),
@@ -73,7 +90,9 @@ PROFILES: dict[str, ComposeProfile] = {
         n_permutations=8),
         LoopedToyConfig("paper", ConvergedConfig(
             "paper", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48, 96), steps_deepest=40_000,
-            batch=1024, pool_batches=4_096), continuations=2)),
+            batch=1024, pool_batches=4_096), continuations=2),
+        TextConfig("paper", depths=(1, 2, 3, 4, 6, 8, 12, 16, 24), model=ModelConfig(d_model=256, n_heads=4),
+                   train=TrainConfig(steps=8000, batch_size=64, lr=1e-3, evals=20, n_held_out=1), n_probe=512)),
 }
 
 
@@ -82,18 +101,22 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
     return PROFILES[profile].run.validate()
 
 
-def compute(cfg: ComposeConfig | LoopedToyConfig, *, force: bool = False, progress: bool = True) -> results.Run:
+def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig, *, force: bool = False, progress: bool = True,
+            jobs: int | None = None) -> results.Run:
     """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
-    or for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s)."""
+    for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s, for the text part
+    :func:`depthlib.compose.text.run_text`'s, whose members train ``jobs`` at a time: default one per core)."""
     runtime.configure_process(1)
     if isinstance(cfg, LoopedToyConfig):
         return looped_toy.run_looped_toy(cfg, force=force, progress=progress)
+    if isinstance(cfg, TextConfig):
+        return text.run_text(cfg, jobs=jobs or os.cpu_count() or 1, force=force, progress=progress)
     return run_compose(cfg, force=force, progress=progress)
 
 
 def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
          progress: bool = False) -> dict[str, results.Run]:
-    """``{"rhm": run, "toy": run}``: the runs chapter 7 shows for ``profile`` (the one rule:
+    """``{"rhm": run, "toy": run, "text": run}``: the runs chapter 7 shows for ``profile`` (the one rule:
     :func:`depthlib.results.select_run`), each trained now (resumable) if there is none. Members train in this
     process on the CPU (``executor`` and ``device`` are accepted for the contract and must be left at their
     defaults)."""
@@ -107,7 +130,35 @@ def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: 
         expected_config=lambda p: PROFILES[p].run.to_dict() if p in PROFILES else None, rerun=rerun),
         "toy": results.chapter_run(
         TOY_EXPERIMENT, profile, lambda: compute(PROFILES[profile].toy, progress=progress),
-        expected_config=lambda p: PROFILES[p].toy.to_dict() if p in PROFILES else None, rerun=rerun)}
+        expected_config=lambda p: PROFILES[p].toy.to_dict() if p in PROFILES else None, rerun=rerun),
+        "text": results.chapter_run(
+        TEXT_EXPERIMENT, profile, lambda: compute(PROFILES[profile].text, progress=progress),
+        expected_config=lambda p: PROFILES[p].text.to_dict() if p in PROFILES else None, rerun=rerun)}
+
+
+def replay_text(run: results.Run) -> pd.DataFrame:
+    """Retrain the text run's first member (first family, shallowest depth) up to its first held-out evaluation with
+    the current code; its committed and recomputed held-out losses at step 0 and there, and the training loss there."""
+    import torch
+    cfg = TextConfig.from_dict(run.config)
+    family, depth = cfg.units()[0]
+    first = cfg.train.eval_steps()[1]
+    from depthlib.lm.series import prepare_data
+    _, data, _, _ = prepare_data(cfg.series())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        curve = text.train_member(cfg, data, family, depth, stop_at=first)["curves"]
+    finally:
+        torch.set_num_threads(threads)
+    committed = run.table("curves")
+    mine = committed[(committed["family"] == family) & (committed["depth"] == depth)]
+    rows = [{"family": family, "depth": depth, "step": step, "quantity": col,
+             "committed": float(mine.loc[mine["step"] == step, col].iloc[0]),
+             "replayed": float(curve.loc[curve["step"] == step, col].iloc[0])}
+            for step in (0, first) for col in ("val_loss", "train_loss")
+            if np.isfinite(mine.loc[mine["step"] == step, col]).all() and (mine["step"] == step).any()]
+    return pd.DataFrame(rows)
 
 
 def replay_toy(run: results.Run) -> pd.DataFrame:
@@ -140,6 +191,8 @@ def replay(run: results.Run) -> pd.DataFrame:
     import torch
     if run.experiment == TOY_EXPERIMENT:
         return replay_toy(run)
+    if run.experiment == TEXT_EXPERIMENT:
+        return replay_text(run)
 
     from depthlib.compose import rhm
     from depthlib.compose.train import held_out
@@ -196,10 +249,41 @@ def summary_toy(run: results.Run) -> dict:
             "all_converged": bool(best["converged"].all()), "wall_time_s": run.manifest.get("wall_time_s")}
 
 
+def describe_text(run: results.Run) -> dict:
+    """Provenance and settings of a text run (the three families on chapter 6's text)."""
+    c = TextConfig.from_dict(run.config)
+    m = run.manifest
+    return {**results.run_info(run), "families": list(c.families),
+            "depths": {f: c.family_depths(f) for f in c.families}, "seed": c.seed, "d_model": c.model.d_model,
+            "n_heads": c.model.n_heads, "vocab_size": c.vocab_size, "context": c.context, "steps": c.train.steps,
+            "batch_size": c.train.batch_size, "lr": c.train.lr,
+            "tokens_per_member": c.train.steps * c.train.batch_size * c.context, "n_probe": c.n_probe,
+            "n_bootstrap": c.n_bootstrap, "tokenizer": m.get("tokenizer"),
+            "n_held_out_documents": len(m.get("held_out_documents", [])), "n_members": len(c.units())}
+
+
+def summary_text(run: results.Run) -> dict:
+    """The key numbers of a text run: per family the final held-out loss per effective depth, α_ℓ with its 95 %
+    bootstrap interval over documents, convergence and the wall time."""
+    members, fit = run.table("members"), run.table("fit")
+    alpha = fit[fit["quantity"] == "alpha"]
+    return {"run": str(run.path), **{k: v for k, v in describe_text(run).items()
+                                     if k in ("profile", "depths", "tokens_per_member", "tokenizer")},
+            "losses": {f: {int(r.depth): float(r.val_loss) for r in g.itertuples()}
+                       for f, g in members.groupby("family", sort=False)},
+            "alpha": {r.family: {"value": float(r.value), "lo": float(r.lo), "hi": float(r.hi),
+                                 "n_depths": int(r.n_depths)} for r in alpha.itertuples()},
+            "all_converged": bool(members["converged"].all()),
+            "max_rel_improvement": float(members["rel_improvement"].max()),
+            "wall_time_s": run.manifest.get("wall_time_s")}
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == TOY_EXPERIMENT:
         return describe_toy(run)
+    if run.experiment == TEXT_EXPERIMENT:
+        return describe_text(run)
     c = from_dict(ComposeConfig, run.config)
     g = c.grammar
     return {**results.run_info(run), "grammar": {"v": g.v, "m": g.m, "s": g.s, "L": g.L, "seed": g.seed},
@@ -217,6 +301,8 @@ def summary(run: results.Run) -> dict:
     from depthlib.compose import analysis
     if run.experiment == TOY_EXPERIMENT:
         return summary_toy(run)
+    if run.experiment == TEXT_EXPERIMENT:
+        return summary_text(run)
     d = describe(run)
     alphas = analysis.alpha_table(run)
     losses = analysis.loss_table(run)
