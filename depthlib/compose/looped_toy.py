@@ -31,7 +31,10 @@ near the teacher's flow.
 
 Run tables (experiment ``compose-toy``): ``looped`` (one row per trained student), ``curves`` (held-out loss every 5 %
 of its steps), ``best`` (lowest held-out loss per teacher, replicate and depth), ``alpha`` (α_ℓ per replicate, the
-log–log fit of the converged losses over depth) and ``alpha_summary`` (mean and 95 % t interval over replicates).
+log–log fit of the converged losses over depth) and ``alpha_summary`` (mean and 95 % t interval over replicates),
+``signatures`` and ``lags``: the hidden-state signatures of every best student and of its teacher, as chapter 3
+measures them (:func:`depthlib.toy.analysis.signatures`, :func:`depthlib.toy.analysis.lag_cosines`: θ(h_l, h_{l+1}),
+θ(Δh_l, Δh_{l+1}) and cos(Δh_l, Δh_{l+k}) on ``SIGNATURE_INPUTS`` fixed Gaussian inputs).
 """
 from __future__ import annotations
 
@@ -44,13 +47,24 @@ import torch
 
 from depthlib import results
 from depthlib.errors import InputError
-from depthlib.toy import converged
+from depthlib.toy import analysis, converged
 from depthlib.toy.converged import ConvergedConfig, ConvergedTraining, PooledStudents
 from depthlib.toy.engine import StudentSpec
-from depthlib.toy.models import StudentWeights, TeacherWeights, derive_seed, init_student, make_teacher, variant
+from depthlib.toy.models import (
+    ResidualNet,
+    StudentWeights,
+    TeacherWeights,
+    derive_seed,
+    init_student,
+    make_teacher,
+    teacher_module,
+    variant,
+)
 
 EXPERIMENT = "compose-toy"
 UNITS = "units"
+#: inputs of the signature measurements (chapter 3's students are measured on fixed Gaussian inputs too)
+SIGNATURE_INPUTS = 2048
 
 
 # ---- settings --------------------------------------------------------------------------------------------
@@ -272,6 +286,32 @@ def train_unit(cfg: LoopedToyConfig, cell: dict, store: results.Run, say=lambda 
             one(depth, f"continued{k}", block, row["route"])
 
 
+@torch.no_grad()
+def signatures(cfg: LoopedToyConfig, best: pd.DataFrame, store: results.Run) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(signatures, lags) of every best looped student (its block from ``store``, applied ℓ times) and of each
+    replicate's teacher (``net`` = student or teacher), on ``SIGNATURE_INPUTS`` seeded Gaussian inputs."""
+    p = cfg.protocol
+    x = torch.randn((SIGNATURE_INPUTS, p.d_model), generator=torch.Generator().manual_seed(derive_seed(p.seed, "signature")))
+    sigs, lags = [], []
+
+    def add(states, **labels):
+        sigs.append(analysis.signatures(states).assign(**labels))
+        lags.append(analysis.lag_cosines(states).assign(**labels))
+
+    for r in best.itertuples():
+        cell = {"rho": r.rho, "temperature": r.temperature, "replicate": r.replicate}
+        block = torch.load(store.path / f"{unit_name(cell, r.depth, r.route)}.pt", weights_only=False)
+        net = ResidualNet.from_weights(looped_weights(block, r.depth), p.shape(), "euler", "fixed")
+        add(net.hidden(x, all_states=True), net="looped student", teacher=r.teacher, rho=r.rho,
+            temperature=r.temperature, replicate=r.replicate, depth=r.depth, route=r.route)
+    for cell in cfg.units():
+        t = unit_teacher(cfg, cell)
+        add(teacher_module(t, p.shape()).hidden(x, all_states=True), net="teacher",
+            teacher=converged.TEACHER_KINDS[cell["rho"]], rho=cell["rho"], temperature=cell["temperature"],
+            replicate=cell["replicate"], depth=t.depth, route="")
+    return pd.concat(sigs, ignore_index=True), pd.concat(lags, ignore_index=True)
+
+
 def run_looped_toy(cfg: LoopedToyConfig, *, force: bool = False, progress: bool = True) -> results.Run:
     """Compute (or resume, or load) the run of ``cfg`` in the local results cache (one process, one thread)."""
     cfg.validate()
@@ -297,8 +337,9 @@ def run_looped_toy(cfg: LoopedToyConfig, *, force: bool = False, progress: bool 
         curves = pd.concat([store.table(f"{n}_curve") for n in names], ignore_index=True)
         best = converged.best_routes(rows)
         per, summary = converged.alpha_tables(best)
+        sig, lag = signatures(cfg, best, store)
         for name, df in (("looped", rows), ("curves", curves), ("best", best), ("alpha", per),
-                         ("alpha_summary", summary)):
+                         ("alpha_summary", summary), ("signatures", sig), ("lags", lag)):
             run.write_table(name, df)
         job.record(summary={"n_students": int(len(rows)), "all_converged": bool(best["converged"].all()),
                             "max_rel_improvement": float(best["rel_improvement_last20"].max()),
@@ -307,5 +348,6 @@ def run_looped_toy(cfg: LoopedToyConfig, *, force: bool = False, progress: bool 
     return results.Run.load(run.path)
 
 
-__all__ = ["EXPERIMENT", "LoopedStudents", "LoopedToyConfig", "euler_block", "halve", "looped_weights", "n_parameters",
-           "run_looped_toy", "train_looped", "train_unit", "unit_teacher"]
+__all__ = ["EXPERIMENT", "SIGNATURE_INPUTS", "LoopedStudents", "LoopedToyConfig", "euler_block", "halve",
+           "looped_weights", "n_parameters", "run_looped_toy", "signatures", "train_looped", "train_unit",
+           "unit_teacher"]
