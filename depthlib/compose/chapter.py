@@ -57,15 +57,15 @@ class ComposeProfile(Profile):
 #: (below and above L = 4), three families, three replicates, 2000 steps × 64 fresh sequences per member.
 #: paper: a GPU; a deeper grammar (L = 5, 32 leaves, v = 16, m = 4), width 128, depths to 24, five replicates.
 #: The toy part (looped students, :mod:`depthlib.compose.looped_toy`) reuses chapter 3's converged protocol: cpu: the
-#: tied and independent teachers at T = 1, the committed calibration’s teachers of replicates 0, 1 and 2, looped depths
+#: tied and independent teachers at T = 1, the committed calibration's teachers of replicates 0, 1 and 2, looped depths
 #: 6, 12, 24, 48, the protocol's default budget (3000 steps at ℓ = 48, 8× at ℓ = 6: 24 000), no continuation rounds;
+#: routes scratch → halved on both teachers, Euler on the tied one (measured about 80 s per student on one shared
+#: core: 36 students, about 50 min in all); paper: three replicates, depths to 96, 40 000 steps at the deepest, batch
+#: 1024, two continuation rounds.
 #: The text part (:mod:`depthlib.compose.text`): chapter 6's corpus, tokenizer, windows and 2.0 M tokens per member
 #: (1000 steps × 32 windows of 64), width 64 as chapter 6; effective depths 1–8 (looped from 3), one seed, so the
 #: intervals are bootstraps over the 31 held-out documents (measured 0.085 s per step for the unembedding plus
 #: 0.021 s per block application on one core: about 56 core-minutes for the 19 members, two workers).
-#: routes scratch → halved on both teachers, Euler on the tied one (measured about 80 s per student on one shared
-#: core: 36 students, about 50 min in all); paper: three replicates, depths to 96, 40 000 steps at the deepest, batch
-#: 1024, two continuation rounds.
 PROFILES: dict[str, ComposeProfile] = {
     "smoke": ComposeProfile("smoke", ComposeConfig(
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
