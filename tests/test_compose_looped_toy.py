@@ -163,6 +163,28 @@ def test_the_euler_block_is_the_tied_teacher():
     torch.testing.assert_close(half.W_down, block.W_down * 2)
 
 
+def test_signatures_of_the_euler_block_at_the_teachers_depth_are_the_teachers(tmp_path):
+    """A known answer for the signature measurement: the Euler looped student at ℓ = ℓ* is the tied teacher, so
+    :func:`looped_toy.signatures` must give it the teacher's own signatures and long-lag cosines (the same network
+    built two ways: from the stored block applied ℓ* times, and from the teacher's weights)."""
+    import pandas as pd
+
+    from depthlib import results
+    cfg = _cfg(cells=((1.0, 1.0, 1),))
+    cell = cfg.units()[0]
+    teacher = lt.unit_teacher(cfg, cell)
+    store = results.Run(lt.EXPERIMENT, {}, tmp_path)
+    torch.save(lt.euler_block(teacher, teacher.depth), tmp_path / f"{lt.unit_name(cell, teacher.depth, 'euler')}.pt")
+    best = pd.DataFrame([{"teacher": "tied", **cell, "depth": teacher.depth, "route": "euler"}])
+    sig, lag = lt.signatures(cfg, best, store)
+    cols = ["layer", "theta_step", "step_norm", "rel_step", "theta_update"]
+    s, t = (sig[sig["net"] == net][cols].reset_index(drop=True) for net in ("looped student", "teacher"))
+    pd.testing.assert_frame_equal(s, t, rtol=1e-9, atol=1e-12)
+    a, b = (lag[lag["net"] == net][["lag", "cos"]].reset_index(drop=True) for net in ("looped student", "teacher"))
+    pd.testing.assert_frame_equal(a, b, rtol=1e-9, atol=1e-12)
+    assert (lag.loc[lag["net"] == "teacher", "cos"] > 0.3).all(), "a tied teacher's updates point the same way"
+
+
 def test_depths_must_double_and_stay_below_the_teacher():
     with pytest.raises(lt.InputError):
         _cfg(depths=(2, 4, 6))
@@ -195,6 +217,10 @@ def test_a_tiny_run_trains_converges_and_resumes(cache):
     tied = rows[(rows["teacher"] == "tied") & (rows["route"] == "scratch")].iloc[0]
     assert tied["converged"], "the tiny tied looped student meets the 1 % rule"
     assert set(run.table("alpha_summary")["teacher"]) == {"tied", "independent"}
+    sig = run.table("signatures")
+    assert set(sig["net"]) == {"looped student", "teacher"}
+    assert len(sig[sig["net"] == "looped student"].groupby(["teacher", "depth"])) == len(run.table("best"))
+    assert run.table("lags")["cos"].between(-1 - 1e-9, 1 + 1e-9).all()
     again = lt.run_looped_toy(cfg, progress=False)
     assert again.path == run.path and again.table("best").equals(run.table("best"))
     # the chapter's views and figures of a toy run (here set beside itself in place of chapter 3's run)

@@ -143,8 +143,7 @@ def replay_text(run: results.Run) -> pd.DataFrame:
     cfg = TextConfig.from_dict(run.config)
     family, depth = cfg.units()[0]
     first = cfg.train.eval_steps()[1]
-    from depthlib.lm.series import prepare_data
-    _, data, _, _ = prepare_data(cfg.series())
+    _, data = text.prepare_data(cfg)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -51,10 +51,8 @@ from depthlib.compose.train import CONVERGED_BELOW, TrainConfig, relative_improv
 from depthlib.contract import from_dict, to_dict
 from depthlib.errors import InputError
 from depthlib.lm import fit
-from depthlib.lm.corpus import CorpusConfig, TokenData, batch_windows
-from depthlib.lm.model import ModelConfig as SeriesModelConfig
-from depthlib.lm.series import SeriesConfig, prepare_data
-from depthlib.lm.tokenizer import tokenizer_digest
+from depthlib.lm.corpus import CorpusConfig, TokenData, batch_windows, split_documents, tokenize
+from depthlib.lm.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_tokenizer
 from depthlib.validate import distinct, int_in_range
 
 EXPERIMENT = "compose-text"
@@ -111,17 +109,25 @@ class TextConfig:
             raise InputError("no family has a depth to train (looped members need depth ≥ 3)")
         return self
 
-    def series(self) -> SeriesConfig:
-        """The chapter-6 settings that decide the data (corpus, vocabulary, window length)."""
-        return SeriesConfig(self.profile, vocab_size=self.vocab_size, corpus=self.corpus,
-                            model=SeriesModelConfig(context=self.context))
-
     def family_depths(self, family: str) -> list[int]:
         return sorted(int(d) for d in self.depths if d >= MIN_DEPTH[family])
 
     def units(self) -> list[tuple[str, int]]:
         """(family, depth) of every member."""
         return [(f, d) for f in self.families for d in self.family_depths(f)]
+
+
+def prepare_data(cfg: TextConfig, folder: Path | None = None) -> tuple[object, TokenData]:
+    """(tokenizer, token windows) as chapter 6 makes them (:mod:`depthlib.lm.corpus`, :mod:`depthlib.lm.tokenizer`:
+    the same split, BPE training and windows); the tokenizer is kept in ``folder`` when given, and reused from it."""
+    train_docs, held = split_documents(cfg.corpus)
+    if folder is not None and (folder / "tokenizer.json").is_file():
+        tok = load_tokenizer(folder)
+    else:
+        tok = train_tokenizer([d.text for d in train_docs], cfg.vocab_size)
+        if folder is not None:
+            save_tokenizer(tok, folder)
+    return tok, tokenize(tok, train_docs, held, cfg.context, cfg.corpus.val_tokens)
 
 
 def unit_name(family: str, depth: int) -> str:
@@ -277,7 +283,7 @@ def run_text(cfg: TextConfig, *, jobs: int = 1, force: bool = False, progress: b
         run = job.run
         store = results.Run(EXPERIMENT, run.config, run.path / UNITS)
         store.path.mkdir(parents=True, exist_ok=True)
-        tok, data, _, _ = prepare_data(cfg.series(), store)
+        tok, data = prepare_data(cfg, store.path / "tokenizer")
         todo = sorted((u for u in cfg.units() if not store.has(f"{unit_name(*u)}_members")),
                       key=lambda u: -u[1])
         bar = tqdm(total=len(todo), unit="member", desc=f"{EXPERIMENT} {cfg.profile}", disable=not progress,
@@ -315,5 +321,6 @@ def run_text(cfg: TextConfig, *, jobs: int = 1, force: bool = False, progress: b
     return results.Run.load(run.path)
 
 
-__all__ = ["EXPERIMENT", "MIN_DEPTHS", "TextConfig", "document_losses", "fits", "init_seed", "probe_windows", "run_text",
+__all__ = ["EXPERIMENT", "MIN_DEPTHS", "TextConfig", "document_losses", "fits", "init_seed", "prepare_data",
+           "probe_windows", "run_text",
            "train_member", "train_text", "unit_name"]

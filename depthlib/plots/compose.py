@@ -16,13 +16,15 @@ def _errors(df: pd.DataFrame, col: str, lo: str, hi: str) -> dict:
                 arrayminus=(df[col] - df[lo]).fillna(0), thickness=1.2)
 
 
-def loss_vs_depth(losses: pd.DataFrame, L: int, *, excess: bool = True) -> go.Figure:
+def loss_vs_depth(losses: pd.DataFrame, L: int | None, *, excess: bool = True, interval: str = "t") -> go.Figure:
     """Held-out excess loss over the Bayes loss (or the loss itself) against effective depth, one line per family,
-    with 95 % t intervals over replicates; the hierarchy's depth L marked."""
+    with 95 % intervals (``interval``: "t" over replicates, or "bootstrap" over documents, named in the title); the
+    hierarchy's depth L marked (None: no hierarchy, e.g. on text)."""
     col = "excess" if excess else "val_loss"
     lo, hi = (f"{col}_lo", f"{col}_hi") if excess else ("val_lo", "val_hi")
     fig = plots.new_figure("Excess loss over the Bayes loss against effective depth" if excess else
-                           "Held-out loss against effective depth", "effective depth ℓ (block applications)",
+                           f"Held-out loss against effective depth (95 % {interval} intervals)",
+                           "effective depth ℓ (block applications)",
                            "excess loss L − L<sub>Bayes</sub> (nats/token)" if excess else "held-out loss (nats/token)",
                            log_x=True, log_y=excess)
     for family, g in losses.groupby("family", sort=False):
@@ -30,10 +32,29 @@ def loss_vs_depth(losses: pd.DataFrame, L: int, *, excess: bool = True) -> go.Fi
         fig.add_trace(go.Scatter(x=g["depth"], y=g[col], mode="lines+markers", error_y=_errors(g, col, lo, hi),
                                  line=dict(color=FAMILY_COLORS.get(family)), marker=dict(size=9),
                                  name=FAMILY_NAMES.get(family, family)))
-    fig.add_vline(x=L, line=dict(dash="dot", color="#666"))
-    fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=f"hierarchy depth L = {L}", showarrow=False,
-                       xanchor="left", yanchor="top")
+    if L is not None:
+        fig.add_vline(x=L, line=dict(dash="dot", color="#666"))
+        fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=f"hierarchy depth L = {L}", showarrow=False,
+                           xanchor="left", yanchor="top")
     fig.update_xaxes(**plots.log_ticks(losses["depth"]))
+    return fig
+
+
+def paired_differences(diffs: pd.DataFrame) -> go.Figure:
+    """Held-out loss of a looped or tied member minus the untied member's (same effective depth: solid; same
+    parameters: dotted), with 95 % paired bootstrap intervals over documents; below 0 the reusing member is better."""
+    fig = plots.new_figure("Reusing depth against untied depth on text: loss difference (95 % paired bootstrap)",
+                           "effective depth ℓ (block applications)", "Δ held-out loss vs untied (nats/token)",
+                           log_x=True)
+    for (family, against), g in diffs.groupby(["family", "against"], sort=False):
+        g = g.sort_values("depth")
+        fig.add_trace(go.Scatter(x=g["depth"], y=g["difference"], mode="lines+markers",
+                                 error_y=_errors(g, "difference", "lo", "hi"),
+                                 line=dict(color=FAMILY_COLORS.get(family),
+                                           dash="solid" if against == "same depth" else "dot"),
+                                 marker=dict(size=9), name=f"{FAMILY_NAMES.get(family, family)} − untied, {against}"))
+    fig.add_hline(y=0, line=dict(color="#666", width=1))
+    fig.update_xaxes(**plots.log_ticks(diffs["depth"]))
     return fig
 
 
