@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from depthlib import results
 from depthlib.finite import pool
 from depthlib.interventions import predictions as pr
 from depthlib.measures import middle_blocks
@@ -198,6 +199,27 @@ def _reading(value: tuple[float, float, float], cal: dict, ensemble: tuple, flow
         if (outward_low and hi < ctrl[1]) or (not outward_low and lo > ctrl[2]):
             return f"{where} side, beyond the {where}'s control"
     return where
+
+
+def series_statistics(series: results.Run, n_boot: int = N_BOOT, seed: int = 0,
+                      min_depth: int = 4) -> dict[str, dict[tuple, np.ndarray]]:
+    """{``depth series ℓ = d``: {theta_update, long_lag}} for every depth ≥ ``min_depth`` of a chapter-6 depth series
+    (its ``signature`` table: the same :func:`~depthlib.interventions.predictions.update_signature` on its probe
+    pieces), bootstrapped over the pieces' held-out documents as the LMs' over theirs; empty for a series computed
+    before the signature was measured."""
+    if not series.has("signature"):
+        return {}
+    sig = series.table("signature")
+    sig = sig[sig["step"] == sig["step"].max()]
+    out = {}
+    for depth, g in sig.groupby("depth"):
+        if depth < min_depth or g["lag_n"].sum() <= 0:
+            continue
+        per_doc = g.assign(doc=g["doc_id"].str.rsplit("#", n=1).str[0]).groupby("doc")[
+            ["theta_sum", "theta_n", "lag_sum", "lag_n"]].sum()
+        theta, lag = pr.bootstrap_docs(per_doc, ("theta_sum", "lag_sum"), ("theta_n", "lag_n"), n_boot, seed)
+        out[f"depth series ℓ = {int(depth)}"] = {("theta_update", "", 0): theta, ("long_lag", "", 0): lag}
+    return out
 
 
 def rule_readings(per_model: dict[str, dict[tuple, np.ndarray]]) -> pd.DataFrame:

@@ -16,6 +16,10 @@ table              rows
 ``probe_summary``  depth, seed, step, middle-block angle, update angle, first/last angle, model loss
 ``probe_docs``     depth, seed, step, doc_id, block, n_valid, theta_sum (per held-out document, for the bootstrap)
 ``clusters``       depth, seed, cluster, fraction, block, theta: the trajectory clusters of the final probes
+``signature``      depth, seed, step, doc_id, theta_sum, theta_n, lag_sum, lag_n: per probe piece of the final
+                   models, θ(Δh_l, Δh_{l+1}) and the long-lag cosine cos(Δh_l, Δh_{l+k}), k ≥ ℓ/4, summed over
+                   middle blocks and tokens (chapter 5's :func:`~depthlib.interventions.predictions.update_signature`,
+                   the measure it applies to the offline LMs and the toy controls), so that pieces bootstrap
 ``fit``            quantity, value, lo, hi: α_ℓ, L∞, c of L(ℓ) = L∞ + c·ℓ^(−α_ℓ); the middle-angle exponent
 ``fit_bootstrap``  resample, alpha, L_inf, c, rmse, at_bound (paired bootstrap over held-out documents)
 ``angle_bootstrap``resample, alpha, theta_mid_<ℓ>
@@ -36,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from depthlib import paths, results
 from depthlib.errors import InputError
@@ -47,12 +52,6 @@ from depthlib.lm.train import TrainConfig, train_model
 from depthlib.validate import distinct, int_in_range, resolve_device
 
 EXPERIMENT = "lm-depth"
-#: The modules whose code decides a series' numbers (its manifest records their fingerprint): the lm package and the
-#: probes it runs (with what they import: the model table, hooks, loading, data and measures).
-CODE = ("depthlib.lm.tokenizer", "depthlib.lm.corpus", "depthlib.lm.model", "depthlib.lm.train", "depthlib.lm.fit",
-        "depthlib.lm.series", "depthlib.probes.tap", "depthlib.probes.metrics", "depthlib.probes.lenses",
-        "depthlib.probes.stream", "depthlib.probes.trajectory", "depthlib.models.arch", "depthlib.models.hooks",
-        "depthlib.data", "depthlib.measures")
 UNITS = "units"
 
 
@@ -168,8 +167,39 @@ def probe_tables(model, tokenizer, pieces, cfg: SeriesConfig, device: str, *, de
                 for kind, table in (("cluster mean", analysis.cluster_means), ("ideal", analysis.ideals))
                 for name, traj in table.items() for b, v in enumerate(traj)]
         out["clusters"] = pd.DataFrame(rows)
+    if lenses:
+        sig = update_signatures(model, tokenizer, pieces, cfg, device).assign(**key)
+        summary["long_lag_cos"] = (float(sig["lag_sum"].sum() / sig["lag_n"].sum()) if sig["lag_n"].sum() > 0
+                                   else np.nan)
+        out["signature"] = sig
     out["probe_summary"] = pd.DataFrame([summary])
     return out
+
+
+@torch.no_grad()
+def update_signatures(model, tokenizer, pieces, cfg: SeriesConfig, device: str) -> pd.DataFrame:
+    """Per probe piece (tokenised as the probes tokenise it: right-padded, one context window), the sums of
+    θ(Δh_l, Δh_{l+1}) over middle update pairs and of the long-lag cosine over middle pairs k ≥ ℓ/4 apart, with their
+    counts (:func:`depthlib.interventions.predictions.update_signature` on the residual stream h_0 … h_ℓ before the
+    final norm, :func:`depthlib.probes.tap.tap_hidden_states`). Columns doc_id, theta_sum, theta_n, lag_sum, lag_n."""
+    from depthlib.interventions.predictions import update_signature
+    from depthlib.probes.tap import tap_hidden_states
+    was = model.training
+    model.eval()
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    parts = []
+    for start in range(0, len(pieces), cfg.probe_batch):
+        batch = pieces[start:start + cfg.probe_batch]
+        enc = tokenizer([p.text for p in batch], return_tensors="pt", padding=True, truncation=True,
+                        max_length=cfg.model.context)
+        ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        tap = tap_hidden_states(model, ids, mask)
+        sig = update_signature([h.float().cpu() for h in tap.hidden], mask.cpu())
+        parts.append(sig.drop(columns="doc").assign(doc_id=[p.doc_id for p in batch]))
+    model.train(was)
+    return pd.concat(parts, ignore_index=True)[["doc_id", "theta_sum", "theta_n", "lag_sum", "lag_n"]]
 
 
 def save_model(model, tokenizer, folder: Path) -> Path:
@@ -262,7 +292,7 @@ def _train_and_store(cfg: SeriesConfig, run: results.Run, store: results.Run, de
     key = {"depth": depth, "seed": seed}
     store.write_table(f"{name}_curve", rec["curve"].assign(**key))
     store.write_table(f"{name}_docs", rec["doc_losses"].assign(**key))
-    for table in ("probe_layers", "probe_docs", "probe_summary", "clusters"):
+    for table in ("probe_layers", "probe_docs", "probe_summary", "clusters", "signature"):
         parts = [t for t in (rec["extra"].get(table), final.get(table)) if t is not None]
         if parts:
             store.write_table(f"{name}_{table}", pd.concat(parts, ignore_index=True))
@@ -301,6 +331,7 @@ def train_member(config: dict, depth: int, seed: int, device: str = "cpu") -> st
 def run_series(cfg: SeriesConfig, device: str = "cpu", *, progress: bool = True, force: bool = False,
                root: Path | None = None, stop_after_units: int | None = None, executor=None) -> results.Run | None:
     """Train (or resume, or load) a depth series; returns the complete run (None if ``stop_after_units`` stopped it).
+    Its lifecycle is :func:`depthlib.results.computing`'s.
 
     With an :class:`depthlib.executors.ExecutorConfig` other than serial, the members still to train are units of
     that executor (one job per (depth, seed)); a failed member raises one :class:`InputError` line naming its log,
@@ -308,57 +339,54 @@ def run_series(cfg: SeriesConfig, device: str = "cpu", *, progress: bool = True,
     from depthlib.lm.throughput import achieved, matmul_ceiling
     cfg.validate()
     dev = str(resolve_device(device))
-    run = open_series_run(cfg, root)
-    results.prepare_run(run, force=force, checkpoints=checkpoint_names(cfg))
-    if run.complete:
-        return run
-    t_start, before = time.perf_counter(), run.elapsed_before()
-    store = _store(run)
-    tok, data, held, pieces = prepare_data(cfg, store)
-    todo = [(d, s) for d, s in cfg.units() if not store.has(f"{unit_name(d, s)}_model")]
-    if executor is not None and executor.kind != "serial" and todo:
-        if root is not None:
-            raise InputError("a depth series on an executor uses the results cache (no root folder)")
-        from depthlib import executors
-        deepest_first = sorted(todo, key=lambda u: -u[0])      # the costliest jobs first: workers finish together
-        units = [executors.Unit(f"lm-depth-{run.key}-{unit_name(d, s)}", "depthlib.lm.series:train_member",
-                                dict(config=cfg.to_dict(), depth=d, seed=s, device=dev)) for d, s in deepest_first]
-        problem = executors.failures(executors.run_units(units, executor))
-        if problem:
-            raise InputError(f"depth series {run.key}: {problem}; the finished members are kept, rerun to resume")
-        todo = []
-    ceiling = matmul_ceiling(dev)
-    bar, per_step = _progress(cfg, todo, len(tok), progress)
-    trained = 0
-    for depth, seed in todo:
-        if stop_after_units is not None and trained >= stop_after_units:
-            bar.close()
-            return None
-        bar.set_postfix_str(f"depth {depth}, seed {seed}")
+    with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile, code=(f"{__name__}:run_series",),
+                           seed=int(cfg.seeds[0]), device=dev, force=force, root=root,
+                           checkpoints=checkpoint_names(cfg)) as job:
+        if job.complete:
+            return job.run
+        run = job.run
+        store = _store(run)
+        tok, data, held, pieces = prepare_data(cfg, store)
+        todo = [(d, s) for d, s in cfg.units() if not store.has(f"{unit_name(d, s)}_model")]
+        if executor is not None and executor.kind != "serial" and todo:
+            if root is not None:
+                raise InputError("a depth series on an executor uses the results cache (no root folder)")
+            from depthlib import executors
+            deepest_first = sorted(todo, key=lambda u: -u[0])      # the costliest jobs first: workers finish together
+            units = [executors.Unit(f"lm-depth-{run.key}-{unit_name(d, s)}", "depthlib.lm.series:train_member",
+                                    dict(config=cfg.to_dict(), depth=d, seed=s, device=dev)) for d, s in deepest_first]
+            problem = executors.failures(executors.run_units(units, executor))
+            if problem:
+                raise InputError(f"depth series {run.key}: {problem}; the finished members are kept, rerun to resume")
+            todo = []
+        ceiling = matmul_ceiling(dev)
+        bar, per_step = _progress(cfg, todo, len(tok), progress)
+        for trained, (depth, seed) in enumerate(todo):
+            if stop_after_units is not None and trained >= stop_after_units:
+                bar.close()
+                job.stop()
+                return None
+            bar.set_postfix_str(f"depth {depth}, seed {seed}")
 
-        def on_step(step, loss, d=depth, s=seed):
-            bar.update(per_step[d])
-            if step % 10 == 0:
-                bar.set_postfix_str(f"depth {d}, seed {s}, step {step}, loss {loss:.3f}")
-        _train_and_store(cfg, run, store, depth, seed, tok, data, pieces, dev, ceiling, on_step)
-        run.record_elapsed(before + time.perf_counter() - t_start)
-        trained += 1
-    bar.close()
-    tables = combine(cfg, store)
-    for name, table in tables.items():
-        run.write_table(name, table)
-    models = tables["models"]
-    wall = before + time.perf_counter() - t_start
-    run.finish(profile=cfg.profile, seed=int(cfg.seeds[0]), wall_time_s=wall, device=dev, code=CODE,
-               tokenizer=tokenizer_digest(tok), vocab_size=len(tok), train_tokens=data.train_tokens,
-               n_train_windows=data.n_windows, held_out_documents=data.val_ids, n_probe_pieces=len(pieces),
-               executor=getattr(executor, "kind", "serial"),
-               throughput={"train_seconds": float(models["train_seconds"].sum()),
-                           "tokens_per_s": float(models["tokens_seen"].sum() / models["train_seconds"].sum()),
-                           **achieved(float(models["flop"].sum()), float(models["train_seconds"].sum()), ceiling)},
-               summary=summary(tables, cfg))
-    (run.path / "progress.json").unlink(missing_ok=True)
-    return run
+            def on_step(step, loss, d=depth, s=seed):
+                bar.update(per_step[d])
+                if step % 10 == 0:
+                    bar.set_postfix_str(f"depth {d}, seed {s}, step {step}, loss {loss:.3f}")
+            _train_and_store(cfg, run, store, depth, seed, tok, data, pieces, dev, ceiling, on_step)
+            job.save_progress()
+        bar.close()
+        tables = combine(cfg, store)
+        for name, table in tables.items():
+            run.write_table(name, table)
+        models = tables["models"]
+        job.record(tokenizer=tokenizer_digest(tok), vocab_size=len(tok), train_tokens=data.train_tokens,
+                   n_train_windows=data.n_windows, held_out_documents=data.val_ids, n_probe_pieces=len(pieces),
+                   executor=getattr(executor, "kind", "serial"),
+                   throughput={"train_seconds": float(models["train_seconds"].sum()),
+                               "tokens_per_s": float(models["tokens_seen"].sum() / models["train_seconds"].sum()),
+                               **achieved(float(models["flop"].sum()), float(models["train_seconds"].sum()), ceiling)},
+                   summary=summary(tables, cfg))
+    return results.Run.load(run.path)
 
 
 def combine(cfg: SeriesConfig, store: results.Run) -> dict[str, pd.DataFrame]:
@@ -368,7 +396,7 @@ def combine(cfg: SeriesConfig, store: results.Run) -> dict[str, pd.DataFrame]:
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     out = {"curves": gather("curve"), "doc_losses": gather("docs"), "models": gather("model"),
            "probe_layers": gather("probe_layers"), "probe_summary": gather("probe_summary"),
-           "probe_docs": gather("probe_docs"), "clusters": gather("clusters")}
+           "probe_docs": gather("probe_docs"), "clusters": gather("clusters"), "signature": gather("signature")}
     out["models"]["folder"] = out["models"]["folder"].map(lambda p: str(Path(p).relative_to(paths.cache_dir()))
                                                           if Path(p).is_relative_to(paths.cache_dir()) else p)
     boot = fit.bootstrap_depth_law(out["doc_losses"], cfg.n_bootstrap, cfg.bootstrap_seed)
@@ -402,7 +430,8 @@ def summary(tables: dict[str, pd.DataFrame], cfg: SeriesConfig) -> dict:
     final = fit.depth_losses(tables["doc_losses"])
     f = tables["fit"].set_index("quantity")
     ps = tables["probe_summary"]
-    last = ps[ps["step"] == cfg.train.steps].groupby("depth")[["theta_middle_mean", "theta_dh_mean"]].mean()
+    last = ps[ps["step"] == cfg.train.steps].groupby("depth")[["theta_middle_mean", "theta_dh_mean",
+                                                               "long_lag_cos"]].mean()
 
     def q(name):
         return {k: (None if not np.isfinite(f.loc[name, k]) else round(float(f.loc[name, k]), 4)) for k in ("value", "lo", "hi")}
@@ -413,6 +442,7 @@ def summary(tables: dict[str, pd.DataFrame], cfg: SeriesConfig) -> dict:
                         if np.isfinite(f.loc["alpha_theta", "se"]) else None},
         "theta_middle_mean": {int(d): round(float(v), 4) for d, v in last["theta_middle_mean"].items()},
         "theta_dh_mean": {int(d): (round(float(v), 4) if np.isfinite(v) else None) for d, v in last["theta_dh_mean"].items()},
+        "long_lag_cos": {int(d): (round(float(v), 4) if np.isfinite(v) else None) for d, v in last["long_lag_cos"].items()},
         "tokens_per_model": cfg.tokens_per_model(),
         "n_params": {int(r.depth): int(r.n_params) for r in models.drop_duplicates("depth").itertuples()},
         "n_non_embedding": {int(r.depth): int(r.n_non_embedding) for r in models.drop_duplicates("depth").itertuples()},
