@@ -21,6 +21,7 @@ Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 - :mod:`depthlib.tracing`  ROME-style causal tracing (paper Fig. 6)                            chapter 4
 - :mod:`depthlib.interventions` delete / reorder / parallel-sum blocks of real LMs and toy students     chapter 5
 - :mod:`depthlib.lm`       a depth series of small LMs trained here: α_ℓ and θ against ℓ (§3)   chapter 6
+- :mod:`depthlib.compose`  can depth be made compositional? hierarchical data, looped depth (§5)  chapter 7
 - :mod:`depthlib.plots`    plotly figures in one style, one module per chapter
 - :mod:`depthlib.book`     executes the notebooks (papermill) and builds the Jupyter Book
 

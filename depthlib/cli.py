@@ -485,15 +485,21 @@ def _cmd_lm_depth(args) -> dict[str, Any]:
 # ---- compose ----------------------------------------------------------------------------------
 def _add_compose(sub) -> None:
     p = sub.add_parser("compose", help="chapter 7: untied, looped and tied residual transformers on the random "
-                                       "hierarchy model; depth laws and the paper's diagnostics")
+                                       "hierarchy model and on chapter 6's text, and looped toy students; depth laws "
+                                       "and the paper's diagnostics")
+    p.add_argument("--part", choices=("rhm", "text", "toy"), default="rhm",
+                   help="rhm: the hierarchical grammar (default); text: the same families on chapter 6's text; toy: "
+                        "looped students in chapter 3's toy")
     p.add_argument("--profile", choices=PROFILES, default="smoke",
-                   help="smoke: seconds (numbers meaningless); cpu: 3 families, depths 1-8, 3 replicates (under an "
-                        "hour on one core); paper: a deeper grammar, width 128, depths to 24, 5 replicates (a GPU)")
+                   help="smoke: seconds (numbers meaningless); cpu: rhm 3 families, depths 1-8, 3 replicates (under an "
+                        "hour on one core), text 19 members (about an hour on two), toy 36 looped students; paper: "
+                        "larger settings for a GPU machine")
     p.add_argument("--families", default=None, metavar="LIST",
                    help="comma-separated subset of untied,looped,tied (default: the profile's); a run with this or "
                         "--depths/--seeds is a custom run")
     p.add_argument("--depths", default=None, metavar="LIST", help="comma-separated effective depths (default: the profile's)")
-    p.add_argument("--seeds", default=None, metavar="LIST", help="comma-separated replicates (default: the profile's)")
+    p.add_argument("--seeds", default=None, metavar="LIST",
+                   help="comma-separated replicates (rhm part only; default: the profile's)")
     _add_force(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=_cmd_compose)
@@ -513,6 +519,14 @@ def _cmd_compose(args) -> dict[str, Any]:
     from depthlib.compose import chapter
     from depthlib.compose.model import FAMILIES
     cfg = chapter.profile_config(args.profile)
+    if args.part == "toy":
+        if any(v is not None for v in (args.families, args.depths, args.seeds)):
+            raise InputError("--families, --depths and --seeds apply to the rhm and text parts, not --part toy")
+        cfg = chapter.PROFILES[args.profile].toy
+    elif args.part == "text":
+        if args.seeds is not None:
+            raise InputError("--seeds applies to --part rhm (the text part trains one seed)")
+        cfg = chapter.PROFILES[args.profile].text
     changes: dict[str, Any] = {}
     if args.families is not None:
         families = tuple(f.strip() for f in args.families.split(",") if f.strip())

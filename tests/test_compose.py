@@ -280,9 +280,23 @@ def test_fits_need_parameters_plus_two_points_and_recover_an_exponent():
 
 @pytest.mark.parametrize("args, message", [(["--families", "recurrent"], "--families"),
                                            (["--depths", "2,x"], "--depths"), (["--depths", "0"], "depth"),
-                                           (["--families", "looped", "--depths", "1,2"], "looped")])
+                                           (["--families", "looped", "--depths", "1,2"], "looped"),
+                                           (["--part", "toy", "--depths", "2,4"], "--part toy"),
+                                           (["--part", "text", "--seeds", "0,1"], "--seeds")])
 def test_cli_bad_input_is_one_line_exit_2(capsys, args, message):
     from depthlib.cli import main
     assert main(["compose", "--profile", "smoke", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("depthlib compose: error:") and message in err[0], err
+
+
+def test_cli_text_part_prints_its_summary(capsys, cache):
+    """``depthlib compose --part text`` trains (here: two tiny members) and prints the text part's summary."""
+    import json
+
+    from depthlib.cli import main
+    assert main(["compose", "--part", "text", "--profile", "smoke", "--families", "untied", "--depths", "1,2",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["losses"]) == {"untied"} and set(out["losses"]["untied"]) == {"1", "2"}
+    assert out["meaningful"] is False and out["tokenizer"]

@@ -5,5 +5,8 @@ The paper (Liu et al., arXiv 2602.05970) ends (§5) on a proposal it does not te
 averaging (§3–4). This package trains small residual transformers on a target with known hierarchy, the random
 hierarchy model (:mod:`depthlib.compose.rhm`), in three families that differ in how they reuse depth
 (:mod:`depthlib.compose.model`), to convergence (:mod:`depthlib.compose.train`), and runs the paper's hidden-state
-diagnostics (§2.7) and chapter 5's edits on them (:mod:`depthlib.compose.diagnostics`).
+diagnostics (§2.7) and chapter 5's edits on them (:mod:`depthlib.compose.diagnostics`; one run:
+:mod:`depthlib.compose.experiment`). The same families are trained on chapter 6's text (:mod:`depthlib.compose.text`),
+and looped students in chapter 3's toy (:mod:`depthlib.compose.looped_toy`). :mod:`depthlib.compose.analysis` holds
+the chapter's views of the runs, :mod:`depthlib.compose.chapter` its glue (the chapter contract).
 """
