@@ -174,7 +174,10 @@ def train_text(model: ComposeModel, data: TokenData, cfg: TrainConfig, *, seed: 
     """Train ``model`` on chapter 6's windows (the batch of step s: :func:`depthlib.lm.corpus.batch_windows`) with
     chapter 3's converged schedule (:meth:`depthlib.compose.train.TrainConfig.rate`), AdamW without weight decay and a
     gradient-norm clip; returns ``curve`` (step, lr, train_loss, val_loss), ``docs`` (step, per-document held-out
-    losses), ``rel_improvement``, ``converged`` and ``seconds``. ``stop_at``: stop after the evaluation at that step."""
+    losses), ``rel_improvement``, ``converged`` and ``seconds``. ``stop_at``: stop after the evaluation at that step.
+
+    The loop is :func:`depthlib.compose.train.train`'s with chapter 6's windows in place of fresh grammar samples; it
+    is written out here, not shared, so that the committed grammar run's code (and fingerprint) stays as it was."""
     cfg.validate()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, weight_decay=0.0)
     evals = set(cfg.eval_steps())
