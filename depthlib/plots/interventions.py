@@ -203,7 +203,8 @@ def norms(profile: pd.DataFrame, models: list[str]) -> go.Figure:
 
 def signature(stats: pd.DataFrame) -> go.Figure:
     """θ(Δh_l, Δh_{l+1}) against the long-lag cosine, with 95 % intervals; the shaded box is chapter 3's ensemble rule
-    (θ > 1.2 rad and cos < 0.1)."""
+    (θ > 1.2 rad and cos < 0.1). The toy controls' replicates are small faded points in their pooled mean's colour,
+    without legend entries of their own."""
     from depthlib.interventions.predictions import LONG_LAG_MAX, THETA_MIN
     th = stats[stats["statistic"] == "theta_update"].set_index("model")
     lag = stats[stats["statistic"] == "long_lag"].set_index("model")
@@ -212,10 +213,16 @@ def signature(stats: pd.DataFrame) -> go.Figure:
                      "θ(Δh_l, Δh_l+1) (rad)")
     fig.add_shape(type="rect", x0=-0.2, x1=LONG_LAG_MAX, y0=THETA_MIN, y1=np.pi / 2 + 0.3, fillcolor="rgba(0,128,0,0.1)",
                   line_width=0)
+    pooled = {m for m in models if m.startswith("toy ") and len(m.split()) == 2}      # "toy independent", "toy tied"
     for i, m in enumerate(models):
         a, b = th.loc[m], lag.loc[m]
-        fig.add_trace(go.Scatter(x=[b["value"]], y=[a["value"]], mode="markers", name=m,
-                                 marker=dict(size=10, color=color(i), symbol="circle" if m.startswith("toy") else "diamond"),
+        replicate = m.startswith("toy ") and m not in pooled      # one legend entry per control: its replicates' points
+        kind = m.split()[1] if m.startswith("toy ") else m        # share the pooled mean's colour, unlabelled
+        c = color(models.index(f"toy {kind}")) if replicate and f"toy {kind}" in models else color(i)
+        fig.add_trace(go.Scatter(x=[b["value"]], y=[a["value"]], mode="markers", name=m, showlegend=not replicate,
+                                 legendgroup=f"toy {kind}" if m.startswith("toy ") else m, opacity=0.5 if replicate else 1,
+                                 marker=dict(size=7 if replicate else 10, color=c,
+                                             symbol="circle" if m.startswith("toy") else "diamond"),
                                  error_x=dict(type="data", symmetric=False, array=[b["hi"] - b["value"]],
                                               arrayminus=[b["value"] - b["lo"]]),
                                  error_y=dict(type="data", symmetric=False, array=[a["hi"] - a["value"]],
