@@ -431,7 +431,7 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
             Measurement(f"{r.family}, effective depths {r.depths} (text; L∞ + c·ℓ^−α)", r.alpha, r.lo, r.hi,
                         text.profile, "95 % bootstrap over held-out documents (one seed)",
                         converged=bool(members.loc[members["family"] == r.family, "converged"].all()))
-            for r in analysis.text_alphas(text).itertuples() if r.defined and r.family != "untied"]
+            for r in analysis.text_alphas(text).itertuples() if r.shown and r.family != "untied"]
     return out
 
 
@@ -448,8 +448,8 @@ NOTES = {
     "hierarchical": "two laws: the excess over the exact Bayes loss of the random hierarchy model, and the paper's "
                     "form with a free floor; each is inside the region, but they disagree with each other",
     "looped": "one row for the looped and the fully tied family, both laws (the weakest status wins)",
-    "looped_text": "one seed at width 64 and 2 M tokens per member: the interval is over documents, not over "
-                   "training runs",
+    "looped_text": "one seed at width 64 and 2 M tokens per member (the interval is over documents); where the "
+                   "loss does not fall with effective depth no law is fitted and the row stays untested",
 }
 
 
