@@ -509,7 +509,7 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
 
 def markdown(rows: Sequence[Row], link: Callable[[Claim], str] | None = None) -> str:
     """A MyST markdown table of the rows; ``link`` gives each row's section link (default: a ``{ref}`` role)."""
-    link = link or (lambda c: f"{{ref}}`ch. {c.chapter} <{c.section}>`" if c.chapter != 7 else "ch. 7 (planned)")
+    link = link or (lambda c: f"{{ref}}`ch. {c.chapter} <{c.section}>`")
     lines = ["| claim | paper | this book: value [95 % interval] · model | profile | status | section |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -555,6 +555,7 @@ CORPORA = {"sotu": "State of the Union addresses", "fineweb": "FineWeb"}
 def reductions(profile: str = "cpu") -> list[str]:
     """One line per chapter: how the ``profile``'s runs are reduced against the paper's (steps, tokens, models,
     replicates), read from the chapters' ``PROFILES`` tables."""
+    from depthlib.compose import chapter as c7
     from depthlib.interventions import chapter as c5
     from depthlib.lm import chapter as c6
     from depthlib.probes import chapter as c2
@@ -562,7 +563,7 @@ def reductions(profile: str = "cpu") -> list[str]:
     from depthlib.toy import chapter as c3
     from depthlib.tracing import chapter as c4
     results.check_profile(profile)
-    p1, p2, p3, p4, p5, p6 = (c.PROFILES[profile] for c in (c1, c2, c3, c4, c5, c6))
+    p1, p2, p3, p4, p5, p6, p7 = (c.PROFILES[profile] for c in (c1, c2, c3, c4, c5, c6, c7))
     cal, cal_paper = p3.calibration[0], c3.PROFILES["paper"].calibration[0]
     conv = p3.converged
     q2 = c2.PROFILES["paper"]
@@ -586,6 +587,13 @@ def reductions(profile: str = "cpu") -> list[str]:
         f"**6.** Width {p6.series.model.d_model}, depths {list(p6.series.depths)}, {p6.series.train.steps:,} steps × "
         f"{p6.series.train.batch_size} × {p6.series.model.context} tokens per model, {len(p6.series.seeds)} seed(s) "
         "(not in the paper).",
+        f"**7.** The grammar (v, m, s, L) = ({p7.run.grammar.v}, {p7.run.grammar.m}, {p7.run.grammar.s}, "
+        f"{p7.run.grammar.L}) at width {p7.run.model.d_model}, effective depths {min(p7.run.depths)}–{max(p7.run.depths)}, "
+        f"{len(p7.run.seeds)} replicate(s), {p7.run.train.steps:,} steps × {p7.run.train.batch_size} sequences per "
+        f"member; on text width {p7.text.model.d_model}, effective depths {min(p7.text.depths)}–{max(p7.text.depths)}, "
+        f"one seed, {p7.text.train.steps:,} steps × {p7.text.train.batch_size} × {p7.text.context} tokens per member; "
+        f"looped toy students at depths {min(p7.toy.protocol.depths)}–{max(p7.toy.protocol.depths)}, "
+        f"{max(int(c[2]) for c in p7.toy.protocol.cells)} replicate(s) (not in the paper).",
     ]
 
 

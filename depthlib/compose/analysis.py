@@ -313,11 +313,11 @@ def text_alphas(run: results.Run) -> pd.DataFrame:
         if r.n_depths < 5:
             why = f"{int(r.n_depths)} depths (the law needs 5)"
         elif not np.isfinite(r.value):
-            why = "no fit: the loss does not fall with effective depth"
+            why = "no fit: loss does not fall with depth"
         elif not (lo_end < r.value < hi_end):
-            why = "the fit sits at an end of the searched range"
+            why = "fit at a search bound"
         elif not (np.isfinite(r.lo) and np.isfinite(r.hi) and lo_end < r.lo and r.hi < hi_end):
-            why = "its interval reaches an end of the searched range"
+            why = "interval reaches a search bound"
         else:
             why = ""
         rows.append({"family": fam, "alpha": float(r.value), "lo": float(r.lo), "hi": float(r.hi),
