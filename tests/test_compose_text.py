@@ -124,6 +124,9 @@ def test_a_tiny_run_is_the_same_in_parallel_and_its_views_and_replay_hold(cache)
     same = diffs[diffs["against"] == "same parameters"]
     assert same[["family", "depth", "untied_depth"]].values.tolist() == [["tied", 2, 1]], \
         "a tied member has the one-block untied member's parameters (at ℓ = 1 that is the same-depth comparison)"
+    gain = analysis.text_decay_gain(ser)
+    assert len(gain) == len(ser.table("members")) and gain["step_from"].iloc[0] < gain["step_to"].iloc[0]
+    assert gain["gain"].notna().all()
     alphas = analysis.text_alphas(ser)
     assert not alphas["shown"].any() and alphas["why_not"].str.contains("depths").all(), "two depths: no fit is shown"
     for fig in (figs.loss_vs_depth(losses, None, excess=False, interval="bootstrap"), figs.paired_differences(diffs)):
