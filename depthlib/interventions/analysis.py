@@ -207,6 +207,7 @@ def series_statistics(series: results.Run, n_boot: int = N_BOOT, seed: int = 0,
     (its ``signature`` table: the same :func:`~depthlib.interventions.predictions.update_signature` on its probe
     pieces), bootstrapped over the pieces' held-out documents as the LMs' over theirs; empty for a series computed
     before the signature was measured."""
+    from depthlib.lm.corpus import parent_id
     if not series.has("signature"):
         return {}
     sig = series.table("signature")
@@ -215,7 +216,7 @@ def series_statistics(series: results.Run, n_boot: int = N_BOOT, seed: int = 0,
     for depth, g in sig.groupby("depth"):
         if depth < min_depth or g["lag_n"].sum() <= 0:
             continue
-        per_doc = g.assign(doc=g["doc_id"].str.rsplit("#", n=1).str[0]).groupby("doc")[
+        per_doc = g.assign(doc=g["doc_id"].map(parent_id)).groupby("doc")[
             ["theta_sum", "theta_n", "lag_sum", "lag_n"]].sum()
         theta, lag = pr.bootstrap_docs(per_doc, ("theta_sum", "lag_sum"), ("theta_n", "lag_n"), n_boot, seed)
         out[f"depth series ℓ = {int(depth)}"] = {("theta_update", "", 0): theta, ("long_lag", "", 0): lag}

@@ -23,37 +23,41 @@ def _pos(v) -> np.ndarray:
     return np.maximum(np.asarray(v, dtype=float), FLOOR)
 
 
-def _model_menu(fig: go.Figure, models: list[str], traces_per_model: list[int], titles: list[str] | None = None) -> None:
-    """A dropdown that shows one model's traces at a time (traces laid out model after model)."""
-    total, buttons, start = sum(traces_per_model), [], 0
-    for i, (m, n) in enumerate(zip(models, traces_per_model)):
-        visible = [False] * total
-        visible[start:start + n] = [True] * n
-        update = {"title.text": titles[i]} if titles else {}
-        buttons.append(dict(method="update", label=m, args=[{"visible": visible}, update]))
-        start += n
-    dropdown(fig, buttons)
+def _one_at_a_time(fig: go.Figure, labels: list[str], draw, title, layout=None) -> go.Figure:
+    """Draw each label's traces (``draw(label, visible)`` adds them to ``fig``) and a dropdown that shows one label's
+    traces at a time; the title (``title(label)``) and any other layout (``layout(label)``, e.g. shapes) follow the
+    choice. The first label is shown."""
+    spans = []
+    for j, label in enumerate(labels):
+        start = len(fig.data)
+        draw(label, j == 0)
+        spans.append((start, len(fig.data)))
+    extra = layout or (lambda _label: {})
+    buttons = [dict(method="update", label=label,
+                    args=[{"visible": [a <= i < b for i in range(len(fig.data))]},
+                          {"title.text": title(label), **extra(label)}])
+               for label, (a, b) in zip(labels, spans)]
+    if labels:
+        fig.update_layout(title_text=title(labels[0]), **extra(labels[0]))
+        dropdown(fig, buttons)
+    return fig
 
 
 def distance_heatmap(distances: pd.DataFrame, models: list[str]) -> go.Figure:
     """d(h_i, h_{i+n}) = θ/π (Gromov et al.) for every start block i and span n; ✕ marks the block each n drops."""
     fig = new_figure("", "first block dropped i (0-indexed)", "blocks dropped n")
-    counts = []
-    for j, m in enumerate(models):
+
+    def draw(m: str, visible: bool) -> None:
         d = distances[distances["model"] == m]
         grid = d.pivot(index="span", columns="start", values="distance")
         fig.add_trace(go.Heatmap(z=grid.to_numpy(), x=grid.columns, y=grid.index, colorscale=HEAT, zmin=0,
-                                 colorbar=dict(title="d = θ/π"), visible=j == 0,
+                                 colorbar=dict(title="d = θ/π"), visible=visible,
                                  hovertemplate="drop blocks %{x}…%{x}+%{y}−1<br>d = %{z:.3f}<extra></extra>"))
         best = d.loc[d.groupby("span")["distance"].idxmin()]
         fig.add_trace(go.Scatter(x=best["start"], y=best["span"], mode="markers", name="Gromov's choice",
                                  marker=dict(symbol="x", size=8, color="white", line=dict(width=1, color="black")),
-                                 visible=j == 0, hovertemplate="n = %{y}: drop from block %{x}<extra></extra>"))
-        counts.append(2)
-    titles = [f"Angular distance between h_i and h_(i+n): {m}" for m in models]
-    fig.update_layout(title_text=titles[0])
-    _model_menu(fig, models, counts, titles)
-    return fig
+                                 visible=visible, hovertemplate="n = %{y}: drop from block %{x}<extra></extra>"))
+    return _one_at_a_time(fig, models, draw, lambda m: f"Angular distance between h_i and h_(i+n): {m}")
 
 
 def _bars(sub: pd.DataFrame) -> dict:
@@ -68,16 +72,20 @@ def predictions(table: pd.DataFrame) -> go.Figure:
     labels = [p for p in dict.fromkeys(table["prediction"])]
     fig = new_figure(labels[0] if labels else "", "measured value (unit of the statistic)", "")
     fig.update_yaxes(type="category")            # one row per model and control: the labels name the rows
-    counts, titles, shapes = [], [], []
     regions = {p[1]: p[2] for p in PREDICTIONS}
-    for j, label in enumerate(labels):
+
+    def draw(label: str, visible: bool) -> None:
         sub = table[table["prediction"] == label]
-        fig.add_trace(go.Scatter(x=sub["value"], y=sub["model"], mode="markers", error_x=_bars(sub), visible=j == 0,
+        fig.add_trace(go.Scatter(x=sub["value"], y=sub["model"], mode="markers", error_x=_bars(sub), visible=visible,
                                  marker=dict(size=10, color=[color(0) if m.startswith("toy") else color(1)
                                                               for m in sub["model"]]),
                                  name=label, customdata=sub[["lo", "hi", "reading"]].to_numpy(),
                                  hovertemplate="%{y}: %{x:.4g} [%{customdata[0]:.4g}, %{customdata[1]:.4g}]"
                                                "<br>%{customdata[2]}<extra></extra>"))
+
+    def shapes(label: str) -> dict:
+        """The ensemble's region (shaded) and the calibrated threshold (dashed) of one prediction."""
+        sub = table[table["prediction"] == label]
         lo, hi = regions.get(label, (np.nan, np.nan))
         thr = float(sub["threshold"].iloc[0])
         shape = [dict(type="rect", xref="x", yref="paper", x0=max(lo, float(sub["lo"].min()) - 1), y0=0, y1=1,
@@ -85,20 +93,9 @@ def predictions(table: pd.DataFrame) -> go.Figure:
         if np.isfinite(thr):
             shape.append(dict(type="line", xref="x", yref="paper", x0=thr, x1=thr, y0=0, y1=1,
                               line=dict(dash="dash", color="gray")))
-        shapes.append(shape)
-        titles.append(label)
-        counts.append(1)
-    total, buttons, start = sum(counts), [], 0
-    for i, (label, n) in enumerate(zip(labels, counts)):
-        visible = [False] * total
-        visible[start:start + n] = [True] * n
-        buttons.append(dict(method="update", label=label, args=[{"visible": visible},
-                                                                {"title.text": titles[i], "shapes": shapes[i]}]))
-        start += n
-    if labels:
-        fig.update_layout(shapes=shapes[0], showlegend=False)
-        dropdown(fig, buttons)
-    return fig
+        return {"shapes": shape}
+    fig.update_layout(showlegend=False)
+    return _one_at_a_time(fig, labels, draw, lambda label: label, shapes)
 
 
 def deletion(stats: pd.DataFrame, models: list[str], n_middle: dict[str, int]) -> go.Figure:
@@ -106,34 +103,27 @@ def deletion(stats: pd.DataFrame, models: list[str], n_middle: dict[str, int]) -
     α = 2 (Euler flow); and the plain deletion's ΔL/L₀ for comparison. One model at a time (dropdown)."""
     from depthlib.interventions.predictions import rescaled_deletion
     fig = new_figure("", "blocks deleted k", "Δ loss / unedited loss", log_y=True)
-    counts, titles = [], []
-    for j, m in enumerate(models):
-        base = stats[(stats["model"] == m) & (stats["statistic"] == "baseline")]["value"]
-        n = 0
-        for name, label, dash in (("delete_rescaled_rel", "rescaled (measured)", "solid"),):
-            sub = stats[(stats["model"] == m) & (stats["statistic"] == name)].sort_values("k")
-            fig.add_trace(go.Scatter(x=sub["k"], y=_pos(sub["value"]), error_y=_bars(sub), mode="markers+lines",
-                                     name=label, line=dict(dash=dash, color=color(0)), visible=j == 0))
-            n += 1
-        plain = stats[(stats["model"] == m) & (stats["statistic"] == "delete")].sort_values("k")
+
+    def draw(m: str, visible: bool) -> None:
+        of = stats[stats["model"] == m]
+        sub = of[of["statistic"] == "delete_rescaled_rel"].sort_values("k")
+        fig.add_trace(go.Scatter(x=sub["k"], y=_pos(sub["value"]), error_y=_bars(sub), mode="markers+lines",
+                                 name="rescaled (measured)", line=dict(color=color(0)), visible=visible))
+        plain = of[of["statistic"] == "delete"].sort_values("k")
+        base = of[of["statistic"] == "baseline"]["value"]
         if len(plain) and len(base):
             b = float(base.iloc[0])
             fig.add_trace(go.Scatter(x=plain["k"], y=_pos(plain["value"] / b), mode="markers+lines",
-                                     name="plain (measured)", line=dict(dash="dot", color=color(3)), visible=j == 0,
+                                     name="plain (measured)", line=dict(dash="dot", color=color(3)), visible=visible,
                                      error_y=dict(type="data", symmetric=False,
                                                   array=((plain["hi"] - plain["value"]) / b).to_numpy(float),
                                                   arrayminus=((plain["value"] - plain["lo"]) / b).to_numpy(float))))
-            n += 1
         ks = np.arange(1, max(2, int(plain["k"].max()) if len(plain) else 2) + 1)
         for alpha, label, c in ((1.0, "ensemble: α = 1", 1), (2.0, "Euler flow: α = 2", 2)):
             fig.add_trace(go.Scatter(x=ks, y=rescaled_deletion(ks, n_middle[m], alpha), mode="lines", name=label,
-                                     line=dict(dash="dash", color=color(c)), visible=j == 0))
-            n += 1
-        counts.append(n)
-        titles.append(f"Deleting k middle blocks: {m}")
-    fig.update_layout(title_text=titles[0] if titles else "", legend=BELOW)
-    _model_menu(fig, models, counts, titles)
-    return fig
+                                     line=dict(dash="dash", color=color(c)), visible=visible))
+    fig.update_layout(legend=BELOW)
+    return _one_at_a_time(fig, models, draw, lambda m: f"Deleting k middle blocks: {m}")
 
 
 def order_vs_distance(pairs: pd.DataFrame, models: list[str]) -> go.Figure:
@@ -141,27 +131,21 @@ def order_vs_distance(pairs: pd.DataFrame, models: list[str]) -> go.Figure:
     inside the plateau); a ratio of 1 (dotted) is "as costly as deleting what it moved"."""
     fig = new_figure("", "mean displacement d̄ = mean |π(i) − i| (blocks)",
                      "Δ loss (reordering) / Δ loss (deleting the same blocks)", log_y=True)
-    counts, titles = [], []
-    for j, m in enumerate(models):
-        n = 0
-        for i, (scope, g) in enumerate(pairs[pairs["model"] == m].groupby("scope")):
+
+    def draw(m: str, visible: bool) -> None:
+        sub = pairs[pairs["model"] == m]
+        for i, (scope, g) in enumerate(sub.groupby("scope")):
             fig.add_trace(go.Scatter(x=g["distance"], y=_pos(g["ratio"]), mode="markers", name=f"{scope} (k blocks)",
-                                     marker=dict(color=color(i), size=8), visible=j == 0,
+                                     marker=dict(color=color(i), size=8), visible=visible,
                                      customdata=g[["k", "blocks"]].to_numpy(),
                                      hovertemplate="k = %{customdata[0]}, blocks %{customdata[1]}<br>d̄ = %{x:.1f}, "
                                                    "ratio %{y:.3g}<extra></extra>"))
-            n += 1
-        sub = pairs[pairs["model"] == m]
         if len(sub):
             x = [float(sub["distance"].min()), float(sub["distance"].max())]
-            fig.add_trace(go.Scatter(x=x, y=[1, 1], mode="lines", name="as costly as deleting", visible=j == 0,
+            fig.add_trace(go.Scatter(x=x, y=[1, 1], mode="lines", name="as costly as deleting", visible=visible,
                                      line=dict(dash="dot", color="gray")))
-            n += 1
-        counts.append(n)
-        titles.append(f"Reordering vs deleting the moved blocks: {m}")
-    fig.update_layout(title_text=titles[0] if titles else "", legend=BELOW)
-    _model_menu(fig, models, counts, titles)
-    return fig
+    fig.update_layout(legend=BELOW)
+    return _one_at_a_time(fig, models, draw, lambda m: f"Reordering vs deleting the moved blocks: {m}")
 
 
 def ratios(stats: pd.DataFrame, statistic: str, title: str, y_title: str) -> go.Figure:
