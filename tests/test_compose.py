@@ -300,3 +300,4 @@ def test_cli_text_part_prints_its_summary(capsys, cache):
     out = json.loads(capsys.readouterr().out)
     assert set(out["losses"]) == {"untied"} and set(out["losses"]["untied"]) == {"1", "2"}
     assert out["meaningful"] is False and out["tokenizer"]
+    assert out["alpha"]["untied"] == {"shown": False, "why_not": "2 depths (the law needs 5)", "n_depths": 2}

@@ -136,9 +136,25 @@ def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: 
         expected_config=lambda p: PROFILES[p].text.to_dict() if p in PROFILES else None, rerun=rerun)}
 
 
+def _replayed_losses(run: results.Run, committed: pd.DataFrame, curve: pd.DataFrame, steps, key: dict) -> pd.DataFrame:
+    """The committed and recomputed held-out and training losses of one member at ``steps`` (columns ``committed``,
+    ``replayed``; a loss the committed curve lacks or holds as NaN is skipped)."""
+    rows = []
+    for step in steps:
+        for col in ("val_loss", "train_loss"):
+            c = committed.loc[committed["step"] == step, col]
+            r = curve.loc[curve["step"] == step, col]
+            if len(c) and len(r) and np.isfinite(c.iloc[0]):
+                rows.append({**key, "step": step, "quantity": col, "committed": float(c.iloc[0]),
+                             "replayed": float(r.iloc[0])})
+    if not rows:
+        raise InputError(f"run {run.experiment}/{run.key} has no losses at steps {list(steps)} to replay")
+    return pd.DataFrame(rows)
+
+
 def replay_text(run: results.Run) -> pd.DataFrame:
     """Retrain the text run's first member (first family, shallowest depth) up to its first held-out evaluation with
-    the current code; its committed and recomputed held-out losses at step 0 and there, and the training loss there."""
+    the current code; its committed and recomputed losses at step 0 and there (:func:`_replayed_losses`)."""
     import torch
     cfg = TextConfig.from_dict(run.config)
     family, depth = cfg.units()[0]
@@ -152,12 +168,7 @@ def replay_text(run: results.Run) -> pd.DataFrame:
         torch.set_num_threads(threads)
     committed = run.table("curves")
     mine = committed[(committed["family"] == family) & (committed["depth"] == depth)]
-    rows = [{"family": family, "depth": depth, "step": step, "quantity": col,
-             "committed": float(mine.loc[mine["step"] == step, col].iloc[0]),
-             "replayed": float(curve.loc[curve["step"] == step, col].iloc[0])}
-            for step in (0, first) for col in ("val_loss", "train_loss")
-            if np.isfinite(mine.loc[mine["step"] == step, col]).all() and (mine["step"] == step).any()]
-    return pd.DataFrame(rows)
+    return _replayed_losses(run, mine, curve, (0, first), {"family": family, "depth": depth})
 
 
 def replay_toy(run: results.Run) -> pd.DataFrame:
@@ -208,17 +219,7 @@ def replay(run: results.Run) -> pd.DataFrame:
         torch.set_num_threads(threads)
     committed = run.table("curves")
     mine = committed[(committed["family"] == family) & (committed["depth"] == depth) & (committed["seed"] == seed)]
-    rows = []
-    for step in (0, first):
-        for col in ("val_loss", "train_loss"):
-            c = mine.loc[mine["step"] == step, col]
-            r = curve.loc[curve["step"] == step, col]
-            if len(c) and len(r) and np.isfinite(c.iloc[0]):
-                rows.append({"family": family, "depth": depth, "seed": seed, "step": step, "quantity": col,
-                             "committed": float(c.iloc[0]), "replayed": float(r.iloc[0])})
-    if not rows:
-        raise InputError(f"run {run.experiment}/{run.key} has no losses at step {first} to replay")
-    return pd.DataFrame(rows)
+    return _replayed_losses(run, mine, curve, (0, first), {"family": family, "depth": depth, "seed": seed})
 
 
 def describe_toy(run: results.Run) -> dict:
@@ -263,15 +264,18 @@ def describe_text(run: results.Run) -> dict:
 
 def summary_text(run: results.Run) -> dict:
     """The key numbers of a text run: per family the final held-out loss per effective depth, α_ℓ with its 95 %
-    bootstrap interval over documents, convergence and the wall time."""
-    members, fit = run.table("members"), run.table("fit")
-    alpha = fit[fit["quantity"] == "alpha"]
+    bootstrap interval over documents where the chapter shows it (else why not), convergence and the wall time."""
+    from depthlib.compose import analysis
+    members = run.table("members")
     return {"run": str(run.path), **{k: v for k, v in describe_text(run).items()
                                      if k in ("profile", "depths", "tokens_per_member", "tokenizer")},
             "losses": {f: {int(r.depth): float(r.val_loss) for r in g.itertuples()}
                        for f, g in members.groupby("family", sort=False)},
-            "alpha": {r.family: {"value": float(r.value), "lo": float(r.lo), "hi": float(r.hi),
-                                 "n_depths": int(r.n_depths)} for r in alpha.itertuples()},
+            # the chapter's rule for what is a result (:func:`depthlib.compose.analysis.text_alphas`): a fit that is
+            # not shown is reported with its reason, not as a number
+            "alpha": {r.family: ({"value": r.alpha, "lo": r.lo, "hi": r.hi, "n_depths": r.n_depths} if r.shown
+                                 else {"shown": False, "why_not": r.why_not, "n_depths": r.n_depths})
+                      for r in analysis.text_alphas(run).itertuples()},
             "all_converged": bool(members["converged"].all()),
             "max_rel_improvement": float(members["rel_improvement"].max()),
             "wall_time_s": run.manifest.get("wall_time_s")}
