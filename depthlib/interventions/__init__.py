@@ -18,7 +18,6 @@ sequence. Compositional assembly predicts the opposite on all three. Modules:
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -37,11 +36,6 @@ from depthlib.interventions.rankings import BlockSimilarity
 from depthlib.interventions.suite import SuiteConfig, build_plans
 from depthlib.validate import int_in_range, resolve_device
 
-#: The modules whose code computes an intervention run (their fingerprint marks a committed run stale).
-CODE = ("depthlib.interventions", "depthlib.interventions.plan", "depthlib.interventions.execute",
-        "depthlib.interventions.rankings", "depthlib.interventions.suite", "depthlib.interventions.evaluate",
-        "depthlib.interventions.toy", "depthlib.interventions.predictions", "depthlib.measures", "depthlib.models.arch",
-        "depthlib.models.loading", "depthlib.data")
 TABLES = ("plans", "scores", "distances", "influence", "docs", "signature")
 
 
@@ -110,22 +104,31 @@ def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config:
     documents before the scored ones), ``signature`` (per ranking document: the update angle and long-lag cosine
     sums, :func:`~depthlib.interventions.predictions.update_signature`) and ``docs``.
     """
-    from depthlib import data
-    from depthlib.models import load_model
     cfg = (config or InterventionConfig()).validate()
     int_in_range("n_docs", n_docs, 1)
-    key = intervention_key(model, corpus, n_docs, cfg, plans)
-    run = results.prepare_run(results.open_run(experiment_name(model), key), force=force, tables=TABLES,
-                              checkpoints=("checkpoint.pt",))
-    if run.complete and all(run.has(t) for t in TABLES):
-        print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
-        return run
-    t0 = time.perf_counter()
+    device = resolve_device(cfg.device)
+    with results.computing(experiment_name(model), intervention_key(model, corpus, n_docs, cfg, plans),
+                           profile=profile, code=(f"{__name__}:run_interventions",), seed=cfg.suite.seed,
+                           device=str(device), force=force, tables=TABLES, checkpoints=("checkpoint.pt",),
+                           saves="finished batches are checkpointed in {folder}") as job:
+        if job.complete:
+            print(f"[depthlib] loaded a finished run from the cache: {job.run.path}", file=sys.stderr)
+            return job.run
+        _compute(job, model, corpus, n_docs, cfg, plans, device, progress)
+    return job.run
+
+
+def _compute(job: results.Computation, model: str, corpus: str, n_docs: int, cfg: InterventionConfig,
+             plans: Sequence[str] | None, device: torch.device, progress: bool) -> None:
+    """The body of :func:`run_interventions`: rankings on the ranking documents, then every plan on every batch of
+    the scored documents (checkpointed per batch), then the tables and the manifest's summary."""
+    from depthlib import data
+    from depthlib.models import load_model
+    run = job.run
     docs = data.corpus(corpus, cfg.rank_docs + n_docs)
     if len(docs) <= cfg.rank_docs:
         raise InputError(f"corpus {corpus!r} has {len(docs)} documents: need more than rank_docs={cfg.rank_docs}")
     rank_docs, eval_docs = docs[:cfg.rank_docs], docs[cfg.rank_docs:]
-    device = resolve_device(cfg.device)
     m, tok = load_model(model, dtype=torch.float32, device=str(device))
     check_weights(m, model)          # a NaN weight would make every score NaN (or, pooled, a perfect 0)
     limit = getattr(m.config, "max_position_embeddings", None) or getattr(m.config, "n_positions", None)
@@ -165,23 +168,20 @@ def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config:
             return capture_lm(m, ids, mask, arch, score_last=cfg.score_last)
         return go
     batches = [(list(range(start, start + len(chunk))), capture(chunk)) for start, chunk in batched(eval_docs, cfg.batch_size)]
-    setup_s = time.perf_counter() - t0
-    scores, seconds = score_plans(plan_set, batches, checkpoint=run.path / "checkpoint.pt", progress=progress,
-                                  desc=f"interventions {model}")
+    scores, _ = score_plans(plan_set, batches, checkpoint=run.path / "checkpoint.pt", progress=progress,
+                            desc=f"interventions {model}")
     doc_table = pd.DataFrame({"doc_index": range(len(eval_docs)), "doc_id": [d.doc_id for d in eval_docs],
                               "n_predicted": scores[scores["plan"] == identity(L).text()]
                               .sort_values("doc_index")["n"].to_numpy()})
     for name, df in (("plans", meta), ("scores", scores), ("distances", distances), ("influence", influence),
                      ("docs", doc_table), ("signature", signature)):
         run.write_table(name, df)
-    run.finish(profile=profile, seed=cfg.suite.seed, wall_time_s=setup_s + seconds, device=str(device),
-               code=CODE, model=model, corpus=corpus,
+    job.record(model=model, corpus=corpus,
                summary=dict(n_blocks=L, d_model=arch.d_model, family=arch.name, n_plans=len(plan_set),
                             n_docs=len(eval_docs), n_tokens=int(doc_table["n_predicted"].sum()), plateau=plateau,
                             baseline_loss=float(scores.loc[scores["plan"] == identity(L).text(), "loss"].sum()
                                                 / doc_table["n_predicted"].sum())))
     (run.path / "checkpoint.pt").unlink(missing_ok=True)
-    return run
 
 
-__all__ = ["CODE", "InterventionConfig", "SuiteConfig", "experiment_name", "intervention_key", "run_interventions"]
+__all__ = ["InterventionConfig", "SuiteConfig", "experiment_name", "intervention_key", "run_interventions"]

@@ -114,11 +114,8 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 32, config: Interven
     ``model="toy"`` edits the converged toy students of ``config`` (a :class:`ToyInterventionConfig`) instead."""
     if model == "toy":
         return run_toy_interventions(config, profile=profile, progress=progress, force=force)
-    cfg = (config or InterventionConfig()).validate()
-    folder = results.open_run(experiment_name(model), intervention_key(model, corpus, n_docs, cfg, plans)).path
-    with results.guarding(folder, f"finished batches are checkpointed in {folder}"):
-        return run_interventions(model, corpus, n_docs, cfg, plans=plans, profile=profile, progress=progress,
-                                 force=force)
+    return run_interventions(model, corpus, n_docs, config, plans=plans, profile=profile, progress=progress,
+                             force=force)
 
 
 def describe(run: results.Run) -> dict:
