@@ -9,6 +9,7 @@ Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 - :mod:`depthlib.contract` the chapter contract: the one profile type, the one config-from-JSON helper
 - :mod:`depthlib.results`  results cache, derived code fingerprints, THE rule for which run a chapter shows, and
                            THE run lifecycle (:func:`~depthlib.results.computing`)
+- :mod:`depthlib.inputs`   what a run's model and corpus are (the fingerprints its cache key records)
 - :mod:`depthlib.validate` shared validators (device, finite numbers, ranges) behind the one-line errors
 - :mod:`depthlib.executors` serial | joblib | submitit: where units of work (one run each) are computed
 - :mod:`depthlib.runtime`  process settings for long CPU runs (steady glibc malloc)

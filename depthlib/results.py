@@ -102,11 +102,12 @@ def _module_digest(module: str) -> str:
 #: profiles, the calls its runs make, replay, describe), ``*.shards`` (units of work whose merge is tested to equal the
 #: one-process run bit for bit) and ``depthlib.plots.*`` (figures drawn from the tables) are glue by their role.
 #: ``depthlib.finite`` checks numbers a run produced (it stops a run, or nulls a value with a warning, where one is
-#: not finite) and never changes a finite one: a validator, as ``depthlib.validate``.
+#: not finite) and never changes a finite one: a validator, as ``depthlib.validate``. ``depthlib.inputs`` decides which
+#: run a key finds (what a model and a corpus are), never a run's numbers.
 GLUE_MODULES = frozenset({
     "depthlib", "depthlib.errors", "depthlib.results", "depthlib.executors", "depthlib.paths", "depthlib.validate",
     "depthlib.finite", "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract",
-    "depthlib.plots",
+    "depthlib.plots", "depthlib.inputs",
 })
 GLUE_SUFFIXES = (".chapter", ".shards")
 

@@ -27,6 +27,7 @@ import torch
 from depthlib import results
 from depthlib.errors import InputError
 from depthlib.finite import check_weights
+from depthlib.inputs import corpus_fingerprint, model_fingerprint, safe_name
 from depthlib.interventions.evaluate import batched, score_plans
 from depthlib.interventions.execute import capture_lm
 from depthlib.interventions.plan import identity, parse_plan
@@ -70,14 +71,12 @@ class InterventionConfig:
 
 def experiment_name(model: str) -> str:
     """Results-cache experiment of a model's intervention run, e.g. ``interventions-gemma-3-270m``."""
-    from depthlib.probes import experiment_name as probe_name
-    return "interventions-" + probe_name(model).removeprefix("probes-")
+    return "interventions-" + safe_name(model)
 
 
 def intervention_key(model: str, corpus: str, n_docs: int, config: InterventionConfig,
                      plans: Sequence[str] | None = None) -> dict:
     """The results-cache config of a run: its settings, the plans (None: the suite) and what model and corpus are."""
-    from depthlib.probes import corpus_fingerprint, model_fingerprint
     key = dict(model=model, corpus=corpus, n_docs=int(n_docs), **asdict(config),
                plans=None if plans is None else list(plans))
     key.pop("device")      # the device changes speed, not the numbers (fp32 throughout)

