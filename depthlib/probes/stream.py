@@ -218,17 +218,113 @@ def _batches(items: Sequence, size: int) -> Iterable[tuple[int, Sequence]]:
         yield start, items[start:start + size]
 
 
+class ProbeAccumulator:
+    """The running aggregates of one probe pass (§2.4–2.6), fed one batch at a time, memory flat in the documents.
+
+    Per metric and layer its moments (:class:`_Moments`), per angle metric a fixed-bin histogram over [0, π], per lens
+    and layer the loss moments, the keyed token sample (:class:`_Reservoir`) and one row per document (its mean angle
+    per block). :meth:`add` takes a batch's token metrics, :meth:`add_lenses` its lens losses, :meth:`tables` gives
+    the tidy tables of :class:`ProbeResult`. A checkpoint saves the accumulator itself."""
+
+    def __init__(self, config: ProbeConfig, n_layers: int):
+        L = self.n_layers = n_layers
+        self.bins = config.histogram_bins
+        self.seed = config.seed
+        widths = {"theta": L, "theta_dh": L - 1, "norms": L + 1, "angle_to_end": L, "progress": L + 1}
+        self.moments = {m: _Moments(widths[m]) for m in METRICS}
+        self.lens_moments = {lens: _Moments(L + 1 if lens == "logit" else L) for lens in LENSES}
+        self.hist = {m: np.zeros((widths[m], self.bins), dtype=np.int64) for m in ANGLE_METRICS}
+        self.reservoir = _Reservoir(config.reservoir_size, L)
+        self.doc_rows: list[dict] = []
+        self.n_tokens = 0
+
+    def add(self, m, mask: torch.Tensor, doc_ids: Sequence[str], first: int) -> None:
+        """One batch: its token metrics ``m`` (:func:`~depthlib.probes.metrics.token_metrics`, rows index the batch),
+        its attention ``mask`` (B, T), the documents' ids and the corpus index ``first`` of its first document."""
+        for name in METRICS:
+            self.moments[name].add(m.get(name))
+        for name in ANGLE_METRICS:
+            x = m.get(name)                                               # (N, layers)
+            idx = (x / np.pi * self.bins).long().clamp_(0, self.bins - 1)
+            flat = idx + torch.arange(x.shape[1], device=x.device) * self.bins
+            self.hist[name] += torch.bincount(flat.flatten(), minlength=x.shape[1] * self.bins
+                                              ).view(-1, self.bins).cpu().numpy()
+        lengths = mask.sum(1).tolist()
+        sample_keys = _key_matrix(self.seed, first, lengths, SAMPLE_STREAM)  # (B, T)
+        rows, pos = m.row.cpu().numpy(), m.position.cpu().numpy()
+        meta = np.stack([rows + first, pos, m.token.cpu().numpy()], 1)
+        self.reservoir.add(m.theta.cpu().numpy(), meta, sample_keys[rows, pos])
+        n_valid = valid_mask(mask).sum(1).tolist()
+        # per-document mean angle per block (replayable: a document's numbers do not depend on the others)
+        doc_theta = torch.zeros(len(doc_ids), self.n_layers, dtype=torch.float64, device=m.theta.device)
+        doc_theta.index_add_(0, m.row, m.theta.double())
+        doc_theta = (doc_theta / torch.tensor(n_valid, device=doc_theta.device).clamp(min=1)[:, None]).cpu().numpy()
+        for i, doc_id in enumerate(doc_ids):
+            self.doc_rows.append(dict(doc_index=first + i, doc_id=doc_id, n_tokens=int(mask[i].sum()),
+                                      n_valid=int(n_valid[i]),
+                                      **{f"theta_{l}": doc_theta[i, l] for l in range(self.n_layers)}))
+        self.n_tokens += len(m)
+
+    def add_lenses(self, losses: dict[str, torch.Tensor]) -> None:
+        """One batch's per-token lens losses (:func:`~depthlib.probes.lenses.lens_losses`)."""
+        for lens in LENSES:
+            self.lens_moments[lens].add(losses[lens])
+
+    def tables(self, doc_ids: Sequence[str], doc_offset: int, lenses: bool
+               ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """(layers, histograms, tokens, docs) of :class:`ProbeResult`; ``doc_ids`` of the pass's documents, the first
+        at corpus index ``doc_offset``; ``lenses``: whether the layers table has the lens losses."""
+        rows = []
+        for name in METRICS:
+            rows += self.moments[name].rows(name)
+        if lenses:
+            for lens in LENSES:
+                rows += self.lens_moments[lens].rows(f"ce_{lens}")
+        edges = np.linspace(0, np.pi, self.bins + 1)
+        histograms = pd.DataFrame([dict(metric=name, layer=layer, bin_lo=edges[b], bin_hi=edges[b + 1],
+                                        count=int(self.hist[name][layer, b]))
+                                   for name in ANGLE_METRICS for layer in range(self.hist[name].shape[0])
+                                   for b in range(self.bins)])
+        values, meta, keys = self.reservoir.table()
+        ids = np.array(list(doc_ids), dtype=object)
+        tokens = pd.DataFrame({"doc_index": meta[:, 0], "doc_id": ids[meta[:, 0] - doc_offset] if len(meta) else [],
+                               "position": meta[:, 1], "token": meta[:, 2], "sample_key": keys})
+        tokens = pd.concat([tokens, pd.DataFrame(values, columns=[f"theta_{l}" for l in range(self.n_layers)])], axis=1)
+        tokens = tokens.sort_values(["doc_index", "position"]).reset_index(drop=True)
+        return pd.DataFrame(rows), histograms, tokens, pd.DataFrame(self.doc_rows)
+
+
+def _lens_selection(config: ProbeConfig, valid: torch.Tensor, lengths: list[int], first: int) -> torch.Tensor | None:
+    """(B, T) bool: the tokens of a batch whose lens losses are computed, or None when none are: the valid tokens of
+    the documents that get lenses (the first ``lens_docs`` of the corpus), at most ``lens_tokens_per_doc`` of each,
+    those with the smallest lens keys."""
+    n = valid.shape[0]
+    lensed = torch.ones(n, dtype=torch.bool) if config.lens_docs is None else \
+        torch.arange(first, first + n) < config.lens_docs              # documents that get lenses
+    if not (config.lenses and bool(lensed.any())):
+        return None
+    select = valid & lensed.to(valid.device)[:, None]
+    if config.lens_tokens_per_doc is not None:
+        scores = torch.from_numpy(_key_matrix(config.seed, first, lengths, LENS_STREAM)).to(valid.device)
+        scores = scores.masked_fill(~valid, np.inf)
+        k = min(config.lens_tokens_per_doc, valid.shape[1])
+        chosen = scores.topk(k, dim=1, largest=False).indices
+        select &= torch.zeros_like(valid).scatter_(1, chosen, True)
+    return select
+
+
 @torch.no_grad()
 def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig | None = None,
                     *, progress: bool = True, model_name: str | None = None, doc_offset: int = 0,
                     checkpoint: Path | None = None, checkpoint_every: int = 4) -> ProbeResult:
-    """Stream documents through ``model`` and aggregate the metrics of §2.4 and the lenses of §2.5.
+    """Stream documents through ``model`` and aggregate the metrics of §2.4 and the lenses of §2.5
+    (:class:`ProbeAccumulator`).
 
     ``documents`` are :class:`depthlib.data.Document` (or plain strings). Each is truncated to
     ``config.max_length`` tokens; batches are right-padded to their longest document. ``doc_offset`` is the index
     of ``documents[0]`` in its corpus (a shard of documents: indices and keyed randomness are the corpus's).
-    With ``checkpoint`` (a file path), the running statistics are saved every ``checkpoint_every`` batches and a
-    later call with the same documents and config resumes after the last saved batch, with identical results.
+    With ``checkpoint`` (a file path), the accumulator is saved every ``checkpoint_every`` batches and a later call
+    with the same documents and config resumes after the last saved batch, with identical results.
     """
     cfg = (config or ProbeConfig()).validate()
     if len(documents) == 0:
@@ -246,19 +342,12 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
         tokenizer.pad_token = tokenizer.eos_token
     special_ids = sorted(set(getattr(tokenizer, "all_special_ids", []) or []))
 
-    widths = {"theta": L, "theta_dh": L - 1, "norms": L + 1, "angle_to_end": L, "progress": L + 1}
-    moments = {m: _Moments(widths[m]) for m in METRICS}
-    lens_moments = {lens: _Moments(L + 1 if lens == "logit" else L) for lens in LENSES}
-    bins = cfg.histogram_bins
-    hist = {m: np.zeros((widths[m], bins), dtype=np.int64) for m in ANGLE_METRICS}
-    reservoir = _Reservoir(cfg.reservoir_size, L)
-    doc_rows = []
+    acc = ProbeAccumulator(cfg, L)
     t_start = time.perf_counter()
-
     from tqdm.auto import tqdm
     bar = tqdm(total=len(docs), desc=f"probe {model_name or arch.name}",
                unit="doc", disable=not progress, file=sys.stderr)
-    n_tokens, resume_at = 0, 0
+    resume_at = 0
     fingerprint = {"config": asdict(cfg), "docs": [d for d, _ in docs], "doc_offset": int(doc_offset),
                    "sampling": "keyed"}
     if checkpoint is not None and Path(checkpoint).exists():
@@ -266,9 +355,8 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
             state = torch.load(checkpoint, weights_only=False)
         except Exception:  # noqa: BLE001 - a truncated checkpoint is ignored: start again
             state = None
-        if state is not None and state["fingerprint"] == fingerprint:
-            moments, lens_moments, hist, reservoir = (state[k] for k in ("moments", "lens_moments", "hist", "reservoir"))
-            doc_rows, n_tokens, resume_at = state["doc_rows"], state["n_tokens"], state["next_start"]
+        if state is not None and state.get("fingerprint") == fingerprint and "accumulator" in state:
+            acc, resume_at = state["accumulator"], state["next_start"]
             t_start -= state["seconds"]
     for i_batch, (start, batch) in enumerate(_batches(docs, cfg.batch_size)):
         if start < resume_at:
@@ -284,79 +372,29 @@ def probe_documents(model, tokenizer, documents: Sequence, config: ProbeConfig |
         m = token_metrics(tap.hidden, ids, mask)
         if cfg.skip_special_tokens and special_ids:
             m = m.select(~torch.isin(m.token, torch.tensor(special_ids, device=m.token.device)))
-        for name in METRICS:
-            moments[name].add(m.get(name))
-        for name in ANGLE_METRICS:
-            x = m.get(name)                                               # (N, layers)
-            idx = (x / np.pi * bins).long().clamp_(0, bins - 1)
-            flat = idx + torch.arange(x.shape[1], device=x.device) * bins
-            hist[name] += torch.bincount(flat.flatten(), minlength=x.shape[1] * bins).view(-1, bins).cpu().numpy()
         first = doc_offset + start                                        # corpus index of batch[0]
-        lengths = mask.sum(1).tolist()
-        sample_keys = _key_matrix(cfg.seed, first, lengths, SAMPLE_STREAM)  # (B, T)
-        rows, pos = m.row.cpu().numpy(), m.position.cpu().numpy()
-        meta = np.stack([rows + first, pos, m.token.cpu().numpy()], 1)
-        reservoir.add(m.theta.cpu().numpy(), meta, sample_keys[rows, pos])
-        valid = valid_mask(mask)
-        n_valid = valid.sum(1).tolist()
-        # per-document mean angle per block (replayable: a document's numbers do not depend on the others)
-        doc_theta = torch.zeros(len(batch), L, dtype=torch.float64, device=m.theta.device)
-        doc_theta.index_add_(0, m.row, m.theta.double())
-        doc_theta = (doc_theta / torch.tensor(n_valid, device=doc_theta.device).clamp(min=1)[:, None]).cpu().numpy()
-        for i, (doc_id, _) in enumerate(batch):
-            doc_rows.append(dict(doc_index=first + i, doc_id=doc_id, n_tokens=int(mask[i].sum()),
-                                 n_valid=int(n_valid[i]), **{f"theta_{l}": doc_theta[i, l] for l in range(L)}))
-        n_tokens += len(m)
-        lensed = torch.ones(len(batch), dtype=torch.bool) if cfg.lens_docs is None else \
-            torch.arange(first, first + len(batch)) < cfg.lens_docs          # documents that get lenses
-        if cfg.lenses and bool(lensed.any()):
-            select = valid & lensed.to(valid.device)[:, None]
-            if cfg.lens_tokens_per_doc is not None:
-                # the k valid tokens of each document with the smallest lens keys
-                scores = torch.from_numpy(_key_matrix(cfg.seed, first, lengths, LENS_STREAM)).to(valid.device)
-                scores = scores.masked_fill(~valid, np.inf)
-                k = min(cfg.lens_tokens_per_doc, valid.shape[1])
-                chosen = scores.topk(k, dim=1, largest=False).indices
-                select &= torch.zeros_like(valid).scatter_(1, chosen, True)
-            out = lens_losses(tap, ids, mask, select=select, max_logit_elements=cfg.max_logit_elements)
-            for lens in LENSES:
-                lens_moments[lens].add(out[lens])
+        acc.add(m, mask, [doc_id for doc_id, _ in batch], first)
+        select = _lens_selection(cfg, valid_mask(mask), mask.sum(1).tolist(), first)
+        if select is not None:
+            acc.add_lenses(lens_losses(tap, ids, mask, select=select, max_logit_elements=cfg.max_logit_elements))
         del tap, m
         if cfg.device == "cpu":
             _release_freed_memory()
         bar.update(len(batch))
         if checkpoint is not None and (i_batch + 1) % checkpoint_every == 0 and start + len(batch) < len(docs):
-            results.atomic_torch_save(Path(checkpoint), dict(
-                fingerprint=fingerprint, moments=moments, lens_moments=lens_moments, hist=hist, reservoir=reservoir,
-                doc_rows=doc_rows, n_tokens=n_tokens, next_start=start + len(batch),
-                seconds=time.perf_counter() - t_start))
+            results.atomic_torch_save(Path(checkpoint), dict(fingerprint=fingerprint, accumulator=acc,
+                                                             next_start=start + len(batch),
+                                                             seconds=time.perf_counter() - t_start))
     bar.close()
 
-    rows = []
-    for name in METRICS:
-        rows += moments[name].rows(name)
-    if cfg.lenses:
-        for lens in LENSES:
-            rows += lens_moments[lens].rows(f"ce_{lens}")
-    layers = pd.DataFrame(rows)
-    edges = np.linspace(0, np.pi, bins + 1)
-    histograms = pd.DataFrame([dict(metric=name, layer=layer, bin_lo=edges[b], bin_hi=edges[b + 1],
-                                    count=int(hist[name][layer, b]))
-                               for name in ANGLE_METRICS for layer in range(hist[name].shape[0])
-                               for b in range(bins)])
-    values, meta, keys = reservoir.table()
-    doc_ids = np.array([d for d, _ in docs], dtype=object)
-    tokens = pd.DataFrame({"doc_index": meta[:, 0], "doc_id": doc_ids[meta[:, 0] - doc_offset] if len(meta) else [],
-                           "position": meta[:, 1], "token": meta[:, 2], "sample_key": keys})
-    tokens = pd.concat([tokens, pd.DataFrame(values, columns=[f"theta_{l}" for l in range(L)])], axis=1)
-    tokens = tokens.sort_values(["doc_index", "position"]).reset_index(drop=True)
+    layers, histograms, tokens, doc_table = acc.tables([d for d, _ in docs], doc_offset, cfg.lenses)
     info = dict(model=model_name or getattr(model.config, "_name_or_path", ""), architecture=arch.name,
                 model_type=arch.model_type, n_layers=L, d_model=arch.d_model, vocab_size=arch.vocab_size,
-                n_docs=len(docs), n_tokens=int(n_tokens), dtype=str(dtype).replace("torch.", ""),
+                n_docs=len(docs), n_tokens=int(acc.n_tokens), dtype=str(dtype).replace("torch.", ""),
                 special_token_ids=special_ids,
                 probe_seconds=round(time.perf_counter() - t_start, 3),
                 config=asdict(cfg))
-    return ProbeResult(layers, histograms, tokens, pd.DataFrame(doc_rows), info)
+    return ProbeResult(layers, histograms, tokens, doc_table, info)
 
 
 def summarize(layers: pd.DataFrame, info: dict | None = None, digits: int = 4) -> dict:
