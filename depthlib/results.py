@@ -730,10 +730,13 @@ def roots(rerun: bool = False) -> list[Path]:
 
 
 def find_runs(experiment: str, search: Iterable[Path] | None = None) -> list[Run]:
-    """All complete, readable runs of an experiment (committed ones first). Unreadable ones are reported."""
+    """All complete, readable runs of an experiment (committed ones first), also under its former names
+    (:func:`depthlib.chapters.former_names`: a local cache from before a rename). Unreadable ones are reported."""
+    from depthlib.chapters import former_names
     runs = []
     for root in roots() if search is None else [Path(r) for r in search]:
-        for manifest in sorted((root / experiment).glob("*/manifest.json")):
+        for manifest in [m for name in (experiment, *former_names(experiment))
+                         for m in sorted((root / name).glob("*/manifest.json"))]:
             try:
                 run = Run.load(manifest.parent)
             except CorruptRunError as err:

@@ -112,7 +112,7 @@ CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"
 
 
 def _toc_files() -> list[str]:
-    """Every page of the book as ``_toc.yml`` lists it (root first), e.g. 'book/intro', 'notebooks/01_chinchilla_fit'."""
+    """Every page of the book as ``_toc.yml`` lists it (root first), e.g. 'book/intro', 'notebooks/01_scaling'."""
     import yaml
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files = [toc["root"]]
@@ -225,7 +225,7 @@ def test_chapter_nothing_is_clipped_at_1280px(built_book, browser, chapter):
 
 def test_chapter1_slider_works_without_a_kernel(built_book, browser):
     html, _ = built_book
-    page, failed, _ = _open(browser, (html / "notebooks" / "01_chinchilla_fit.html").as_uri(),
+    page, failed, _ = _open(browser, (html / "notebooks" / "01_scaling.html").as_uri(),
                             ROOT / "_build" / "browser" / "01_slider_before.png")
     gd = page.locator(".js-plotly-plot").first
     gd.scroll_into_view_if_needed()

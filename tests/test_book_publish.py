@@ -160,7 +160,7 @@ def test_build_writes_html_under_out_and_passes_profile_and_rerun(tmp_path, monk
     html = book.build_book(profile="smoke", out=tmp_path / "out", rerun=True, only=["03"])
     assert html == tmp_path / "out" / "html" and (html / "index.html").exists()
     assert not (tmp_path / "out" / "stage" / "_build" / "html").exists()
-    assert executed == {"03_toy_regimes": {"PROFILE": "smoke", "RERUN": True}}
+    assert executed == {"03_toy": {"PROFILE": "smoke", "RERUN": True}}
     assert sorted(p.name for p in (tmp_path / "out" / "stage" / "notebooks").iterdir()) == \
         sorted(p.name for p in committed)
     assert {p: p.stat().st_mtime_ns for p in book.notebook_paths()} == committed

@@ -13,7 +13,7 @@ def run(*args, env=None):
 
 
 def test_fit_paper_json_has_the_contract_keys():
-    out = run("fit", "--preset", "paper", "--json")
+    out = run("scaling", "--preset", "paper", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     for key in ("alpha_m", "alpha_l", "alpha_D", "L0", "c_m", "c_l", "c_D", "mean_rel_err", "n_points", "se"):
@@ -23,8 +23,15 @@ def test_fit_paper_json_has_the_contract_keys():
     assert set(result["se"]) >= {"alpha_m", "alpha_l", "alpha_D", "L0"}
 
 
+def test_former_command_names_still_run(capsys):
+    """Commands renamed to their chapter's one name (fit → scaling, …) still answer to the former name."""
+    assert cli.main(["fit", "--preset", "paper", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["alpha_l"] == pytest.approx(1.201, abs=0.005)
+    assert "tracing needs --model" in _fails(capsys, ["trace", "--prompt", "x"])
+
+
 def test_fit_converged_with_bootstrap(capsys):
-    assert cli.main(["fit", "--json", "--bootstrap", "20", "--exclude", "30"]) == 0
+    assert cli.main(["scaling", "--json", "--bootstrap", "20", "--exclude", "30"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["preset"] == "converged" and result["exclude"] == 30
     assert result["bootstrap"]["n_resamples"] == 20
@@ -32,13 +39,13 @@ def test_fit_converged_with_bootstrap(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["fit", "--exclude", "-3"], "exclude must be in [0, 244], got -3"),
-    (["fit", "--exclude", "400"], "exclude must be in"),
-    (["fit", "--bootstrap", "-1"], "--bootstrap must be >= 0"),
-    (["fit", "--preset", "fast"], "invalid choice: 'fast'"),
-    (["fit", "--depth-offset", "1"], "invalid choice: 1"),
-    (["fit", "--data", "/nonexistent/file.csv"], "Chinchilla CSV not found"),
-    (["fit", "--preset", "paper", "--objective", "huber"], "the paper preset uses the paper's objective"),
+    (["scaling", "--exclude", "-3"], "exclude must be in [0, 244], got -3"),
+    (["scaling", "--exclude", "400"], "exclude must be in"),
+    (["scaling", "--bootstrap", "-1"], "--bootstrap must be >= 0"),
+    (["scaling", "--preset", "fast"], "invalid choice: 'fast'"),
+    (["scaling", "--depth-offset", "1"], "invalid choice: 1"),
+    (["scaling", "--data", "/nonexistent/file.csv"], "Chinchilla CSV not found"),
+    (["scaling", "--preset", "paper", "--objective", "huber"], "the paper preset uses the paper's objective"),
     (["nonsense"], "invalid choice"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message):
@@ -51,8 +58,8 @@ def test_bad_input_exits_2_with_one_line(args, message):
 
 
 def test_fit_classic_chinchilla_law(capsys):
-    """`depthlib fit --law chinchilla` fits L = E + A/N^α + B/D^β (with a bootstrap); the depth offset is refused."""
-    assert cli.main(["fit", "--law", "chinchilla", "--json", "--bootstrap", "10"]) == 0
+    """`depthlib scaling --law chinchilla` fits L = E + A/N^α + B/D^β (with a bootstrap); the depth offset is refused."""
+    assert cli.main(["scaling", "--law", "chinchilla", "--json", "--bootstrap", "10"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["law"] == "chinchilla" and result["n_points"] == 203
     assert {"alpha_N", "alpha_D", "c_N", "c_D", "L0"} <= set(result) and "alpha_l" not in result
@@ -61,7 +68,7 @@ def test_fit_classic_chinchilla_law(capsys):
     assert set(result["bootstrap"]) >= {"alpha_N", "alpha_D", "L0"}
     for args, message in ((["--depth-offset", "2"], "--depth-offset applies to the decomposed law only"),
                           (["--preset", "paper"], "the paper preset uses the paper's objective")):
-        out = run("fit", "--law", "chinchilla", *args)
+        out = run("scaling", "--law", "chinchilla", *args)
         assert out.returncode == 2 and out.stdout == "" and message in out.stderr.strip().splitlines()[-1], out.stderr
 
 
@@ -122,7 +129,7 @@ def _ok(capsys, argv):
 
 def _probe(capsys, monkeypatch, folder, *extra, model="m"):
     monkeypatch.chdir(folder)
-    return _ok(capsys, ["probe", "--model", model, *PROBE, *extra, "--json"])
+    return _ok(capsys, ["probes", "--model", model, *PROBE, *extra, "--json"])
 
 
 # -- silently wrong ------------------------------------------------------------------------------------------
@@ -147,20 +154,20 @@ def test_probe_cache_keyed_on_the_corpus_content(tiny_folders, cache, capsys, mo
 
 
 def test_fit_with_one_point_is_refused(capsys):
-    line = _fails(capsys, ["fit", "--exclude", "244", "--json"])
+    line = _fails(capsys, ["scaling", "--exclude", "244", "--json"])
     assert "only 1 point(s)" in line and "at least 5 points per free parameter" in line
 
 
 @pytest.mark.parametrize("preset", ["paper", "converged"])
 def test_fit_of_a_three_row_csv_is_refused(chinchilla_df, tmp_path, capsys, preset):
     chinchilla_df.head(3).to_csv(tmp_path / "three.csv", index=False)
-    line = _fails(capsys, ["fit", "--data", str(tmp_path / "three.csv"), "--exclude", "0", "--preset", preset])
+    line = _fails(capsys, ["scaling", "--data", str(tmp_path / "three.csv"), "--exclude", "0", "--preset", preset])
     assert "only 3 point(s)" in line and "needs at least 35" in line
 
 
 def test_fit_warns_on_duplicate_rows(chinchilla_df, tmp_path, capsys):
     pd.concat([chinchilla_df, chinchilla_df]).to_csv(tmp_path / "dup.csv", index=False)
-    out, err = _ok(capsys, ["fit", "--data", str(tmp_path / "dup.csv"), "--json"])
+    out, err = _ok(capsys, ["scaling", "--data", str(tmp_path / "dup.csv"), "--json"])
     warning = [ln for ln in err.splitlines() if "warning" in ln]
     assert len(warning) == 1 and "245 row(s) of the data repeat an earlier row" in warning[0], err
 
@@ -176,7 +183,7 @@ def test_json_output_is_strict(capsys):
 
 def test_probe_lens_docs_zero_is_refused(tiny_folders, cache, capsys, monkeypatch):
     monkeypatch.chdir(tiny_folders / "a")
-    assert "lens documents must be >= 1" in _fails(capsys, ["probe", "--model", "m", *PROBE, "--lens-docs", "0", "--json"])
+    assert "lens documents must be >= 1" in _fails(capsys, ["probes", "--model", "m", *PROBE, "--lens-docs", "0", "--json"])
 
 
 def test_toy_infinite_temperature_is_refused(cache, capsys):
@@ -186,43 +193,43 @@ def test_toy_infinite_temperature_is_refused(cache, capsys):
 
 def test_probe_negative_lens_docs_is_refused(tiny_folders, cache, capsys, monkeypatch):
     monkeypatch.chdir(tiny_folders / "a")
-    assert "got -1" in _fails(capsys, ["probe", "--model", "m", *PROBE, "--lens-docs", "-1"])
+    assert "got -1" in _fails(capsys, ["probes", "--model", "m", *PROBE, "--lens-docs", "-1"])
 
 
 def test_jsonl_null_text_is_refused(tiny_folders, cache, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tiny_folders / "a")
     (tmp_path / "n.jsonl").write_text('{"text": "fine"}\n{"text": null}\n')
-    line = _fails(capsys, ["probe", "--model", "m", "--corpus", str(tmp_path / "n.jsonl"), "--docs", "2"])
+    line = _fails(capsys, ["probes", "--model", "m", "--corpus", str(tmp_path / "n.jsonl"), "--docs", "2"])
     assert "n.jsonl: line 2: 'text' must be a string, got null" in line
 
 
 def test_more_docs_than_the_corpus_warns_with_the_real_count(tiny_folders, cache, capsys, monkeypatch):
     monkeypatch.chdir(tiny_folders / "a")
-    out, err = _ok(capsys, ["probe", "--model", "m", *PROBE[:2], "--docs", "40", *PROBE[4:], "--json"])
+    out, err = _ok(capsys, ["probes", "--model", "m", *PROBE[:2], "--docs", "40", *PROBE[4:], "--json"])
     assert out["n_docs"] == 5
     assert "[depthlib] warning: corpus 'c.txt' has only 5 documents; 40 were asked for, using all 5" in err
 
 
 def test_documents_longer_than_the_position_limit_are_refused(tiny_folders, cache, capsys, monkeypatch):
     monkeypatch.chdir(tiny_folders / "a")
-    line = _fails(capsys, ["probe", "--model", str(tiny_folders / "g2"), "--corpus", "c.txt", "--docs", "2",
+    line = _fails(capsys, ["probes", "--model", str(tiny_folders / "g2"), "--corpus", "c.txt", "--docs", "2",
                            "--max-length", "1000"])
     assert "max_length 1000 exceeds the model's position limit of 128 tokens" in line
 
 
 def test_prompts_longer_than_the_position_limit_are_refused(tiny_folders, capsys):
-    line = _fails(capsys, ["trace", "--model", str(tiny_folders / "g2"), "--prompt", "The Space Needle is in " * 60,
+    line = _fails(capsys, ["tracing", "--model", str(tiny_folders / "g2"), "--prompt", "The Space Needle is in " * 60,
                            "--subject", "Space Needle", "--samples", "1"])
     assert "more than the model's limit of 128" in line
 
 
 def test_trace_target_without_leading_space_warns(tiny_folders, capsys):
-    out, err = _ok(capsys, ["trace", "--model", str(tiny_folders / "a" / "m"), *TRACE, "--target", "Se", "--json"])
+    out, err = _ok(capsys, ["tracing", "--model", str(tiny_folders / "a" / "m"), *TRACE, "--target", "Se", "--json"])
     assert "[depthlib] warning: target 'Se' is glued to the prompt's last word" in err and "' Se'" in err
 
 
 def test_trace_zero_noise_warns_once(tiny_folders, capsys):
-    out, err = _ok(capsys, ["trace", "--model", str(tiny_folders / "a" / "m"), *TRACE, "--noise", "0", "--json"])
+    out, err = _ok(capsys, ["tracing", "--model", str(tiny_folders / "a" / "m"), *TRACE, "--noise", "0", "--json"])
     warnings_ = [ln for ln in err.splitlines() if "warning" in ln]
     assert len(warnings_) == 1 and "σ = 0" in warnings_[0]
 
@@ -239,19 +246,19 @@ def test_toy_duplicate_or_single_depths_are_refused(cache, capsys, depths, messa
 def test_latin1_or_binary_corpus_is_one_line(tiny_folders, cache, capsys, monkeypatch, tmp_path, content, message):
     monkeypatch.chdir(tiny_folders / "a")
     (tmp_path / "bad.txt").write_bytes(content)
-    line = _fails(capsys, ["probe", "--model", "m", "--corpus", str(tmp_path / "bad.txt"), "--docs", "2"])
+    line = _fails(capsys, ["probes", "--model", "m", "--corpus", str(tmp_path / "bad.txt"), "--docs", "2"])
     assert str(tmp_path / "bad.txt") in line and message in line
 
 
 def test_trace_unknown_device_is_one_line(tiny_folders, capsys):
-    line = _fails(capsys, ["trace", "--model", str(tiny_folders / "a" / "m"), *TRACE, "--device", "tpu"])
-    assert line == "depthlib trace: error: device must be cpu, cuda or cuda:N, got 'tpu'"
+    line = _fails(capsys, ["tracing", "--model", str(tiny_folders / "a" / "m"), *TRACE, "--device", "tpu"])
+    assert line == "depthlib tracing: error: device must be cpu, cuda or cuda:N, got 'tpu'"
 
 
 def test_negative_seed_is_one_line(tiny_folders, cache, capsys, monkeypatch):
-    assert "--seed must be in [0, " in _fails(capsys, ["fit", "--seed", "-1"])
+    assert "--seed must be in [0, " in _fails(capsys, ["scaling", "--seed", "-1"])
     monkeypatch.chdir(tiny_folders / "a")
-    assert "seed must be in [0, " in _fails(capsys, ["probe", "--model", "m", *PROBE, "--seed", "-1"])
+    assert "seed must be in [0, " in _fails(capsys, ["probes", "--model", "m", *PROBE, "--seed", "-1"])
 
 
 def test_unreadable_data_folder_is_one_line(tmp_path, capsys, monkeypatch):
@@ -259,8 +266,8 @@ def test_unreadable_data_folder_is_one_line(tmp_path, capsys, monkeypatch):
     folder.mkdir()
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == folder else real(p, mode, **kw))
-    line = _fails(capsys, ["fit", "--data", str(folder)])
-    assert line == f"depthlib fit: error: cannot read --data {folder}: permission denied"
+    line = _fails(capsys, ["scaling", "--data", str(folder)])
+    assert line == f"depthlib scaling: error: cannot read --data {folder}: permission denied"
     inner = folder / "get_fitting_data_chinchilla.csv"
     real_stat = Path.stat
 
@@ -269,8 +276,8 @@ def test_unreadable_data_folder_is_one_line(tmp_path, capsys, monkeypatch):
             raise PermissionError(13, "Permission denied", str(self))
         return real_stat(self, *a, **kw)
     monkeypatch.setattr(Path, "stat", untraversable)
-    line = _fails(capsys, ["fit", "--data", str(inner)])
-    assert line == f"depthlib fit: error: cannot read --data {inner}: permission denied (on a folder on its way)"
+    line = _fails(capsys, ["scaling", "--data", str(inner)])
+    assert line == f"depthlib scaling: error: cannot read --data {inner}: permission denied (on a folder on its way)"
 
 
 @pytest.mark.parametrize("depth", ["100000", "100000000"])
@@ -403,7 +410,7 @@ def test_toy_truncated_checkpoint_is_one_line_and_restarts(cache, capsys):
 # -- messages ----------------------------------------------------------------------------------------------
 def test_header_only_csv_is_named_as_such(chinchilla_df, tmp_path, capsys):
     chinchilla_df.head(0).to_csv(tmp_path / "h.csv", index=False)
-    line = _fails(capsys, ["fit", "--data", str(tmp_path / "h.csv")])
+    line = _fails(capsys, ["scaling", "--data", str(tmp_path / "h.csv")])
     assert "no data rows (only a header)" in line and "exclude" not in line
 
 
@@ -411,16 +418,16 @@ def test_infinite_value_is_called_not_finite_and_no_numpy_reprs(chinchilla_df, t
     df = chinchilla_df.copy()
     df.loc[5, "loss"] = np.inf
     df.to_csv(tmp_path / "inf.csv", index=False)
-    line = _fails(capsys, ["fit", "--data", str(tmp_path / "inf.csv")])
+    line = _fails(capsys, ["scaling", "--data", str(tmp_path / "inf.csv")])
     assert "value inf is not finite" in line
     df.loc[5, "loss"] = -1.5
     df.to_csv(tmp_path / "neg.csv", index=False)
-    line = _fails(capsys, ["fit", "--data", str(tmp_path / "neg.csv")])
+    line = _fails(capsys, ["scaling", "--data", str(tmp_path / "neg.csv")])
     assert "value -1.5 is not positive" in line and "np." not in line
 
 
 def test_every_experiment_command_takes_force():
     parser = cli.build_parser()
-    for command in ("fit", "toy", "probe", "trace"):
+    for command in ("scaling", "toy", "probe", "trace"):
         sub = parser._subparsers._group_actions[0].choices[command]
         assert any("--force" in a.option_strings for a in sub._actions), command

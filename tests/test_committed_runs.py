@@ -19,7 +19,7 @@ ROOT = paths.committed_results_dir()
 #: Replay tolerances, relative to the committed value (``|replayed − committed| <= rtol · |committed| + atol``, with
 #: ``atol`` the replay's own column where it has one). Each says what another CPU may change; the replays below were
 #: measured on an AMD EPYC (AVX-512, no AMX) against runs committed from an Intel (AVX-512, AMX) machine:
-#: - chinchilla: 0 relative; the replay's ``atol`` is its minimiser's convergence tolerance. Levenberg–Marquardt
+#: - scaling (chapter 1): 0 relative; the replay's ``atol`` is its minimiser's convergence tolerance. Levenberg–Marquardt
 #:   stops when a step lowers the cost by < 1e-12 of it, which fixes the parameters only to ≈ sqrt(2e-12 · C ·
 #:   (H⁻¹)_ii) in the objective's flat (c_ℓ, α_ℓ) valley (scaling.solvers.parameter_tolerance: 8.8e-7 for α_m,
 #:   2.8e-6 for α_ℓ at k = 40). Measured: α_ℓ 1.7e-7 apart, α_m 4.8e-8 (0.9454793422 committed): 6 % of theirs.
@@ -36,8 +36,8 @@ ROOT = paths.committed_results_dir()
 #:   products (128 × 1.19e-7 = 1.5e-5) and the ℓ = 6 per-layer gradients summed into the shared block (6 terms,
 #:   7e-7); the first 5 % of steps replayed (Adam on one block, sign-like first steps) keep the held-out loss within
 #:   a few such units; not yet measured across CPUs.
-RTOL = {"chinchilla": 0.0, "toy": 1e-4, "toy-calibration": 1e-4, "toy-converged": 1e-4,
-        "causal_tracing": 1e-4, "probes-": 1e-4, "lm-depth": 1e-4, "interventions-": 1e-4, "compose-toy": 1e-4,
+RTOL = {"scaling": 0.0, "toy": 1e-4, "toy-calibration": 1e-4, "toy-converged": 1e-4,
+        "tracing": 1e-4, "probes-": 1e-4, "lm": 1e-4, "interventions-": 1e-4, "compose-toy": 1e-4,
         "compose-": 1e-4}
 #: float round-off of numbers that are 0 (a KL of the identity, an exactly-fitted point)
 ATOL = 1e-9

@@ -15,10 +15,10 @@ from depthlib.errors import InputError
 #: what the hand-kept lists said before the modules were derived (each a subset of the derived modules), plus the
 #: module the interventions list had missed (execute.py uses the hooks)
 HAND_LISTS = {
-    "chinchilla": ("depthlib.scaling.law", "depthlib.data"),
+    "scaling": ("depthlib.scaling.law", "depthlib.data"),
     "toy": ("depthlib.toy.models", "depthlib.toy.engine", "depthlib.toy.sweep", "depthlib.toy.analysis",
             "depthlib.measures"),
-    "causal_tracing": ("depthlib.tracing.locate", "depthlib.tracing.noise", "depthlib.tracing.patching",
+    "tracing": ("depthlib.tracing.locate", "depthlib.tracing.noise", "depthlib.tracing.patching",
                        "depthlib.tracing.tracer", "depthlib.tracing.facts", "depthlib.models.arch",
                        "depthlib.models.loading", "depthlib.models.hooks"),
     "probes-gemma-3-270m": ("depthlib.probes.tap", "depthlib.probes.metrics", "depthlib.probes.lenses",
@@ -34,7 +34,7 @@ HAND_LISTS = {
                           "depthlib.interventions.suite", "depthlib.interventions.evaluate",
                           "depthlib.interventions.predictions", "depthlib.toy.models", "depthlib.toy.engine",
                           "depthlib.toy.converged", "depthlib.measures", "depthlib.models.hooks"),
-    "lm-depth": ("depthlib.lm.tokenizer", "depthlib.lm.corpus", "depthlib.lm.model", "depthlib.lm.train",
+    "lm": ("depthlib.lm.tokenizer", "depthlib.lm.corpus", "depthlib.lm.model", "depthlib.lm.train",
                  "depthlib.lm.fit", "depthlib.lm.series", "depthlib.probes.tap", "depthlib.probes.metrics",
                  "depthlib.probes.lenses", "depthlib.probes.stream", "depthlib.probes.trajectory",
                  "depthlib.models.arch", "depthlib.models.hooks", "depthlib.data", "depthlib.measures"),
@@ -44,14 +44,17 @@ HAND_LISTS = {
 # ---- the registry and the contract ------------------------------------------------------------------------
 def test_registry_names_every_chapter_once_in_order():
     assert [c.number for c in CHAPTERS] == list(range(1, len(CHAPTERS) + 1))
-    for field in ("name", "notebook", "plots", "command"):
-        values = [getattr(c, field) for c in CHAPTERS]
-        assert len(set(values)) == len(values), field
+    names = [c.name for c in CHAPTERS]
+    assert len(set(names)) == len(names)
     root = Path(__file__).parent.parent
-    for c in CHAPTERS:
-        assert (root / "notebooks" / f"{c.notebook}.ipynb").is_file()
-        assert c.plots_module.__name__ == f"depthlib.plots.{c.plots}"
-        assert by_name(c.command) is c and by_name(str(c.number)) is c
+    for c in CHAPTERS:      # one name in every place: package, notebook, plots module, cache experiments, command
+        assert c.package == f"depthlib.{c.name}" and c.module.__name__ == f"depthlib.{c.name}.chapter"
+        assert c.notebook == f"{c.number:02d}_{c.name}" and (root / "notebooks" / f"{c.notebook}.ipynb").is_file()
+        assert c.plots_module.__name__ == f"depthlib.plots.{c.name}"
+        assert all(e == c.name or e.startswith(c.name + "-") for e in c.experiments), c.experiments
+        assert c.command == c.name and by_name(c.command) is c and by_name(str(c.number)) is c
+        assert all(by_name(old) is c for old in c.former_commands)
+    assert sorted(p.stem for p in (root / "notebooks").glob("*.ipynb")) == [c.notebook for c in CHAPTERS]
     assert chapter_of("probes-EleutherAI--pythia-410m").name == "probes"
     assert chapter_of("toy-calibration").name == "toy" and chapter_of("toy").name == "toy"
     with pytest.raises(InputError, match="no chapter"):

@@ -172,18 +172,18 @@ def test_probe_shard_ranges_cover_the_documents_in_whole_batches():
 
 def test_cli_probe_and_trace_take_an_executor(probe_setup, capsys):
     model, corpus, _ = probe_setup
-    assert cli.main(["probe", "--model", model, "--corpus", corpus, "--docs", "4", "--max-length", "16",
+    assert cli.main(["probes", "--model", model, "--corpus", corpus, "--docs", "4", "--max-length", "16",
                      "--batch-size", "2", "--executor", "joblib", "--jobs", "2", "--shards", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     manifest = results.Run("probes", {}, Path(out["results"])).manifest
     assert manifest["executor"] == "joblib" and len(manifest["shards"]) == 2 and out["n_docs"] == 4
-    for args, message in [(["probe", "--model", model, "--corpus", corpus, "--executor", "joblib", "--shards", "0"],
+    for args, message in [(["probes", "--model", model, "--corpus", corpus, "--executor", "joblib", "--shards", "0"],
                            "--shards must be >= 1"),
-                          (["probe", "--model", model, "--corpus", corpus, "--executor", "joblib", "--force"],
+                          (["probes", "--model", model, "--corpus", corpus, "--executor", "joblib", "--force"],
                            "--force works with --executor serial only"),
-                          (["trace", "--profile", "smoke", "--prompt", "x"], "drop --prompt"),
-                          (["trace", "--prompt", "The Space Needle is in"], "trace needs --model, --subject"),
-                          (["lm-depth", "--executor", "joblib", "--jobs", "0"], "--jobs must be >= 1")]:
+                          (["tracing", "--profile", "smoke", "--prompt", "x"], "drop --prompt"),
+                          (["tracing", "--prompt", "The Space Needle is in"], "tracing needs --model, --subject"),
+                          (["lm", "--executor", "joblib", "--jobs", "0"], "--jobs must be >= 1")]:
         assert cli.main(args) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (args, err)

@@ -312,13 +312,13 @@ def test_cli_intervene_json_and_bad_plan(tmp_path, monkeypatch, capsys):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join(tiny.TEXTS))
     from depthlib.cli import main
-    rc = main(["intervene", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
+    rc = main(["interventions", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
                "--max-length", "16", "--plan", "delete:1", "--plan", "0,[1-2],3", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["n_blocks"] == 4
     assert [p["plan"] for p in out["plans"]] == ["0-3", "0,2-3", "0,[1+2],3"]
     assert out["plans"][0]["delta_loss"] == 0.0 and out["plans"][0]["kl"] == 0.0
-    rc = main(["intervene", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
+    rc = main(["interventions", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
                "--max-length", "16", "--plan", "0-9", "--json"])
     err = capsys.readouterr().err
     assert rc == 2 and "block 9 is out of range" in err and len(err.strip().splitlines()) == 1

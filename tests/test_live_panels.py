@@ -42,7 +42,7 @@ def lab(tmp_path_factory):
     pytest.importorskip("playwright.sync_api", reason="playwright (pip) drives Chromium")
     pytest.importorskip("jupyterlab", reason="JupyterLab serves the notebooks")
     root = tmp_path_factory.mktemp("lab")
-    for nb in ("01_chinchilla_fit.ipynb", "03_toy_regimes.ipynb"):
+    for nb in ("01_scaling.ipynb", "03_toy.ipynb"):
         shutil.copy(ROOT / "notebooks" / nb, root / nb)
     port = _free_port()
     log = (root / "server.log").open("w")
@@ -125,7 +125,7 @@ def _refit(page, button, expect: str) -> str:
 
 
 def test_chapter3_refit_panel_follows_the_depth_selection(lab, browser):
-    page = _run_all(browser, lab, "03_toy_regimes.ipynb")
+    page = _run_all(browser, lab, "03_toy.ipynb")
     select = page.locator(".widget-interact .widget-select-multiple select").first
     select.wait_for(timeout=60_000)
     select.scroll_into_view_if_needed()
@@ -142,7 +142,7 @@ def test_chapter3_refit_panel_follows_the_depth_selection(lab, browser):
 
 
 def test_chapter1_refit_panel_refits_with_the_chosen_objective(lab, browser):
-    page = _run_all(browser, lab, "01_chinchilla_fit.ipynb")
+    page = _run_all(browser, lab, "01_scaling.ipynb")
     button = page.locator(".widget-interact button", has_text="Run Interact").first
     button.wait_for(timeout=60_000)
     button.scroll_into_view_if_needed()

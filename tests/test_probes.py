@@ -372,7 +372,7 @@ def test_load_model_errors_name_the_problem():
 
 
 def test_load_model_from_local_folder_and_cli(tmp_path, tokenizer, monkeypatch, capsys):
-    """A saved tiny model loads by path; `depthlib probe --json` runs on it and caches the run."""
+    """A saved tiny model loads by path; `depthlib probes --json` runs on it and caches the run."""
     import json
 
     from depthlib import cli
@@ -385,7 +385,7 @@ def test_load_model_from_local_folder_and_cli(tmp_path, tokenizer, monkeypatch, 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n".join(TEXTS))
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    argv = ["probe", "--model", str(folder), "--corpus", str(corpus), "--docs", "4", "--max-length", "16",
+    argv = ["probes", "--model", str(folder), "--corpus", str(corpus), "--docs", "4", "--max-length", "16",
             "--batch-size", "2", "--lens-tokens", "3", "--json"]
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
@@ -393,8 +393,8 @@ def test_load_model_from_local_folder_and_cli(tmp_path, tokenizer, monkeypatch, 
     assert set(out["cluster_fractions"]) == {"evenly", "stops early"}
     assert cli.main(argv) == 0  # cached: same answer
     assert json.loads(capsys.readouterr().out)["theta_by_layer"] == out["theta_by_layer"]
-    assert cli.main(["probe", "--model", "nope", "--json"]) == 2
-    assert cli.main(["probe", "--model", str(folder), "--corpus", str(corpus), "--docs", "0"]) == 2
+    assert cli.main(["probes", "--model", "nope", "--json"]) == 2
+    assert cli.main(["probes", "--model", str(folder), "--corpus", str(corpus), "--docs", "0"]) == 2
 
 
 # ---- one real offline model (slow) -----------------------------------------------------------------

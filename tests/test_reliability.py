@@ -147,9 +147,9 @@ def test_nan_weight_stops_intervene_probe_and_trace(tmp_path, cache, corpus, cap
     folder = _tiny_folder(tmp_path / "nan", edit=_nan_weight)
     capsys.readouterr()                      # saving it printed progress
     common = ["--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--max-length", "16"]
-    for argv in (["intervene", *common, "--rank-docs", "2", "--plan", "delete:1"],
-                 ["probe", *common, "--batch-size", "2"],
-                 ["trace", "--model", str(folder), "--prompt", "The Space Needle is in downtown",
+    for argv in (["interventions", *common, "--rank-docs", "2", "--plan", "delete:1"],
+                 ["probes", *common, "--batch-size", "2"],
+                 ["tracing", "--model", str(folder), "--prompt", "The Space Needle is in downtown",
                   "--subject", "Space Needle", "--samples", "2"]):
         assert main([*argv, "--json"]) == 2, argv
         out = capsys.readouterr()
@@ -161,9 +161,9 @@ def test_nan_weight_stops_intervene_probe_and_trace(tmp_path, cache, corpus, cap
 def test_fp16_overflow_stops_probe_and_trace_naming_the_block(tmp_path, cache, corpus, capsys):
     folder = _tiny_folder(tmp_path / "big", edit=_fp16_overflow)
     capsys.readouterr()                      # saving it printed progress
-    for argv in (["probe", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--max-length", "16",
+    for argv in (["probes", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--max-length", "16",
                   "--batch-size", "2", "--dtype", "float16"],
-                 ["trace", "--model", str(folder), "--prompt", "The Space Needle is in downtown",
+                 ["tracing", "--model", str(folder), "--prompt", "The Space Needle is in downtown",
                   "--subject", "Space Needle", "--samples", "2", "--dtype", "float16"]):
         assert main([*argv, "--json"]) == 2, argv
         line = _one_line(capsys.readouterr().err)
@@ -198,9 +198,9 @@ def test_guard_and_weight_check_leave_finite_numbers_unchanged():
 @pytest.mark.parametrize("argv, message", [
     (["toy", "--jobs", "3"], "--jobs would be ignored by --executor serial"),
     (["toy", "--partition", "gpu", "--time", "5"], "--partition, --time would be ignored by --executor serial"),
-    (["lm-depth", "--executor", "joblib", "--partition", "gpu"], "--partition would be ignored by --executor joblib"),
-    (["lm-depth", "--executor", "submitit", "--jobs", "4"], "--jobs would be ignored by --executor submitit"),
-    (["trace", "--profile", "smoke", "--shards", "2"], "--shards would be ignored by --executor serial"),
+    (["lm", "--executor", "joblib", "--partition", "gpu"], "--partition would be ignored by --executor joblib"),
+    (["lm", "--executor", "submitit", "--jobs", "4"], "--jobs would be ignored by --executor submitit"),
+    (["tracing", "--profile", "smoke", "--shards", "2"], "--shards would be ignored by --executor serial"),
     (["toy", "--executor", "submitit", "--time", "0"], "--time must be >= 1"),
 ])
 def test_executor_flags_the_executor_would_ignore_are_rejected(argv, message, cache, capsys):
@@ -213,9 +213,9 @@ def test_slurm_without_slurm_fails_before_touching_a_run(cache, capsys, monkeypa
     from depthlib.lm import chapter
 
     def never(*a, **k):
-        raise AssertionError("lm-depth started (and --force deleted) the run before the executor was checked")
+        raise AssertionError("lm started (and --force deleted) the run before the executor was checked")
     monkeypatch.setattr(chapter, "compute", never)
-    for argv in (["lm-depth", "--force"], ["toy"], ["probe", "--model", "x/y"]):
+    for argv in (["lm", "--force"], ["toy"], ["probes", "--model", "x/y"]):
         assert main([*argv, "--executor", "submitit", "--cluster", "slurm"]) == 1
         line = _one_line(capsys.readouterr().err)
         assert "no SLURM" in line and "srun" in line, line
@@ -264,13 +264,13 @@ def test_trace_profile_rejects_what_a_profile_does_not_take(cache, capsys, monke
     def never(*a, **k):
         raise AssertionError("traced before rejecting the options")
     monkeypatch.setattr(chapter, "compute", never)
-    argv = ["trace", "--profile", "smoke", "--force", "--samples", "50", "--noise", "99", "--kind", "attn", "--seed",
+    argv = ["tracing", "--profile", "smoke", "--force", "--samples", "50", "--noise", "99", "--kind", "attn", "--seed",
             "7", "--dtype", "float16", "--window", "3"]
     assert main(argv) == 2
     line = _one_line(capsys.readouterr().err)
     for flag in ("--force", "--samples", "--noise", "--kind", "--seed", "--dtype", "--window"):
         assert flag in line
-    assert main(["trace", "--profile", "smoke", "--seed", "1"]) == 2       # given, even at its default value
+    assert main(["tracing", "--profile", "smoke", "--seed", "1"]) == 2       # given, even at its default value
     capsys.readouterr()
 
 
@@ -279,9 +279,9 @@ def test_trace_profile_checks_the_model_before_tracing(tmp_path, cache, capsys, 
     monkeypatch.setattr(chapter, "compute", lambda *a, **k: pytest.fail("traced before checking --model"))
     a_file = tmp_path / "notes.txt"
     a_file.write_text("not a model")
-    assert main(["trace", "--profile", "smoke", "--model", str(a_file)]) == 2
+    assert main(["tracing", "--profile", "smoke", "--model", str(a_file)]) == 2
     assert "is a file" in _one_line(capsys.readouterr().err)
-    assert main(["trace", "--profile", "smoke", "--model", "no-such-model"]) == 2
+    assert main(["tracing", "--profile", "smoke", "--model", "no-such-model"]) == 2
     assert "unknown model" in _one_line(capsys.readouterr().err)
 
 
@@ -300,7 +300,7 @@ def test_intervene_checks_the_models_position_limit(tmp_path, cache, corpus, cap
     folder = _tiny_folder(tmp_path / "short", arch="gpt2", max_positions=16)
     capsys.readouterr()                      # saving it printed progress
     for length in ("32", "1000000000"):
-        assert main(["intervene", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
+        assert main(["interventions", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
                      "--max-length", length, "--plan", "delete:1"]) == 2
         assert f"max_length {length} exceeds the model's position limit of 16" in _one_line(capsys.readouterr().err)
 
@@ -310,14 +310,14 @@ def test_truncated_weights_are_one_line_before_loading(tmp_path, cache, corpus, 
     capsys.readouterr()                      # saving it printed progress
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    for argv in (["intervene", "--plan", "delete:1"], ["probe"]):
+    for argv in (["interventions", "--plan", "delete:1"], ["probes"]):
         assert main([*argv, "--model", str(folder), "--corpus", str(corpus), "--docs", "2"]) == 2
         line = _one_line(capsys.readouterr().err)
         assert "cannot read the weights" in line and "truncated" in line, line
 
 
 def test_docs_zero_says_the_same_in_probe_and_intervene(cache, corpus, capsys):
-    for command in ("probe", "intervene"):
+    for command in ("probes", "intervene"):
         assert main([command, "--model", "smollm2-135m", "--corpus", str(corpus), "--docs", "0"]) == 2
         assert _one_line(capsys.readouterr().err).endswith("error: --docs must be >= 1, got 0")
 
@@ -325,7 +325,7 @@ def test_docs_zero_says_the_same_in_probe_and_intervene(cache, corpus, capsys):
 def test_cli_intervene_reports_identity_kl_zero(tmp_path, cache, corpus, capsys):
     folder = _tiny_folder(tmp_path / "ok")
     capsys.readouterr()                      # saving it printed progress
-    assert main(["intervene", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
+    assert main(["interventions", "--model", str(folder), "--corpus", str(corpus), "--docs", "2", "--rank-docs", "2",
                  "--max-length", "16", "--plan", "0-3*1.000001", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plans"][0]["kl"] == 0.0 and out["plans"][1]["kl"] >= 0.0

@@ -160,6 +160,18 @@ def test_ranking_profile_then_committed_then_newest(roots):
     assert results.select_run("exp", "paper") is None                        # paper never falls back to cpu
 
 
+def test_runs_under_a_former_experiment_name_are_still_found(roots):
+    """A local cache from before a chapter's rename (chapter 6's runs were ``lm-depth``, now ``lm``) keeps its runs."""
+    from depthlib.chapters import chapter_of, former_names
+    committed, local = roots
+    assert former_names("lm") == ("lm-depth",) and former_names("scaling") == ("chinchilla",)
+    old = _make(local, "cpu", {"p": 1}, "2026-01-01T00:00:00Z", experiment="lm-depth")
+    assert results.select_run("lm", "cpu").path == old.path
+    assert chapter_of("lm-depth").name == "lm" and chapter_of("causal_tracing").name == "tracing"
+    new = _make(local, "cpu", {"p": 1}, "2026-02-01T00:00:00Z", experiment="lm")
+    assert results.select_run("lm", "cpu").path == new.path        # the newer run, under the name it has now
+
+
 def test_expected_config_and_custom_runs(roots):
     committed, local = roots
     old = _make(local, "cpu", {"steps": 10}, "2026-01-01T00:00:00Z")

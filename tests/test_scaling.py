@@ -281,10 +281,10 @@ def test_chapter_profiles_run_and_replay(chinchilla_df, tmp_path, monkeypatch):
     assert [chapter.PROFILES[p].n_bootstrap for p in ("smoke", "cpu", "paper")] == [200, 1000, 4000]
     assert not chapter.PROFILES["smoke"].paper_scan and chapter.PROFILES["cpu"].paper_scan
     run = chapter.runs("smoke")["fits"]
-    assert run.complete and not run.stale and run.experiment == "chinchilla"
+    assert run.complete and not run.stale and run.experiment == "scaling"
     assert run.tables() == ["bootstrap", "exclusion_scan", "held_out"]
     assert run.config["csv_sha256"] == chapter.csv_sha256() and len(run.config["csv_sha256"]) == 64
-    assert run.manifest["code_modules"] == list(results.compute_modules(chapter.COMPUTE["chinchilla"]))
+    assert run.manifest["code_modules"] == list(results.compute_modules(chapter.COMPUTE["scaling"]))
     assert {"depthlib.scaling.fits", "depthlib.scaling.solvers", "depthlib.data"} <= set(run.manifest["code_modules"])
     assert len(run.table("bootstrap")) == 200 and len(run.table("held_out")) == 10
     assert chapter.runs("smoke")["fits"].path == run.path                     # found again, not recomputed

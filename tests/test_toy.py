@@ -354,7 +354,7 @@ def test_gpu_session_script_plans_and_runs_a_step(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert gs.main(["--dry-run", "--out", str(tmp_path / "plan")]) == 0
     plan = json.loads((tmp_path / "plan" / "gpu_session.json").read_text())
-    assert [s["name"] for s in plan["steps"]] == ["toy-speed", "toy-paper", "calibration", "probes-bf16", "lm-depth"]
+    assert [s["name"] for s in plan["steps"]] == ["toy-speed", "toy-paper", "calibration", "probes-bf16", "lm"]
     assert gs.main(["--device", "cpu", "--profile", "smoke", "--only", "toy-paper", "--out", str(tmp_path / "o")]) == 0
     done = json.loads((tmp_path / "o" / "gpu_session.json").read_text())["steps"][0]
     assert done["status"] == "done" and list((tmp_path / "o" / "results" / "toy").glob("*/manifest.json"))

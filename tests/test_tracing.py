@@ -230,7 +230,7 @@ def test_cli_trace_json_and_bad_input(tok, tmp_path, capsys):
     folder = tmp_path / "tiny"
     _neox(tok).save_pretrained(folder)
     tok.save_pretrained(folder)
-    args = ["trace", "--model", str(folder), "--prompt", PROMPT, "--subject", SUBJECT, "--target", TARGET,
+    args = ["tracing", "--model", str(folder), "--prompt", PROMPT, "--subject", SUBJECT, "--target", TARGET,
             "--samples", "2", "--kind", "mlp", "--noise", "2.5", "--json"]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
@@ -336,12 +336,12 @@ def test_tracer_equals_the_naive_loop_on_every_family(family_model, tok, kind):
 
 
 def test_cli_trace_mlp_on_opt(tok, tmp_path, capsys):
-    """Regression: `depthlib trace --kind mlp` on OPT crashed (its fc2 sees (B·T, d) hidden states)."""
+    """Regression: `depthlib tracing --kind mlp` on OPT crashed (its fc2 sees (B·T, d) hidden states)."""
     from depthlib.cli import main
     folder = tmp_path / "tiny-opt"
     tiny.model("opt", len(tok), layers=3).save_pretrained(folder)
     tok.save_pretrained(folder)
-    assert main(["trace", "--model", str(folder), "--prompt", PROMPT, "--subject", SUBJECT, "--target", TARGET,
+    assert main(["tracing", "--model", str(folder), "--prompt", PROMPT, "--subject", SUBJECT, "--target", TARGET,
                  "--samples", "2", "--kind", "mlp", "--noise", "3", "--window", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kind"] == "mlp" and len(out["grid"]) == 3 and all(v is not None for v in out["grid"][-1])
@@ -370,7 +370,7 @@ def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
     name = _knowing_model(tok, tmp_path / "tiny")
     monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.TracingProfile("smoke", (name,), 1, ("block", "mlp"), 2,
                                                                           n_facts=2, n_check=3))
-    run = chapter.runs("smoke")["trace"]
+    run = chapter.runs("smoke")["tracing"]
     assert run.complete and not run.stale and run.profile == "smoke"
     assert run.manifest["code_modules"] == list(results.compute_modules(*chapter.COMPUTE.values()))
     assert "depthlib.tracing.chapter" not in run.manifest["code_modules"]
@@ -379,7 +379,7 @@ def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
     assert list(check["kind"]) == ["prompt", "fact", "fact", "fact"]
     assert bool(check.loc[check["kind"] == "prompt", "correct"].iloc[0])  # the model knows the chapter prompt
     assert set(tables["prompts"]["kind"]) == {"block", "mlp"}
-    assert chapter.runs("smoke")["trace"].path == run.path  # found, not recomputed
+    assert chapter.runs("smoke")["tracing"].path == run.path  # found, not recomputed
     # the one rule only shows a run whose config is the profile's current one
     monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.TracingProfile("smoke", (name,), 1, ("block",), 3))
     assert results.select_run(chapter.EXPERIMENT, "smoke", expected_config=lambda p: chapter.chapter_config(p)) is None
@@ -395,7 +395,7 @@ def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
 def test_gemma_smoke_run_replays():
     """The smoke run of the chapter (offline Gemma-3-270M and SmolLM2-135M) recomputes to the same heat map."""
     from depthlib.tracing import chapter
-    run = chapter.runs("smoke")["trace"]
+    run = chapter.runs("smoke")["tracing"]
     replayed = tracing.replay(run)
     assert replayed["committed"].notna().all() and len(replayed) > 0
     np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-5, atol=1e-7)

@@ -1,5 +1,5 @@
 """The library installs as a wheel and runs outside a checkout : package data (the fact set) is
-inside the wheel, caches go to the user cache directory, and `depthlib trace` / `depthlib probe` work on a tiny
+inside the wheel, caches go to the user cache directory, and `depthlib tracing` / `depthlib probes` work on a tiny
 model from a directory that is not the checkout."""
 from __future__ import annotations
 
@@ -72,11 +72,11 @@ def test_installed_package_is_the_wheel_not_the_checkout(fresh_env):
 
 
 def test_trace_and_probe_run_from_a_wheel_outside_the_checkout(fresh_env):
-    trace = _run(fresh_env, "trace", "--model", "tiny-llama", "--prompt", "The Space Needle is in downtown",
+    trace = _run(fresh_env, "tracing", "--model", "tiny-llama", "--prompt", "The Space Needle is in downtown",
                  "--subject", "Space Needle", "--samples", "2", "--json")
     assert trace.returncode == 0, trace.stderr[-2000:]
     assert "p_clean" in json.dumps(json.loads(trace.stdout))
-    probe = _run(fresh_env, "probe", "--model", "tiny-llama", "--corpus", "corpus.txt", "--docs", "3",
+    probe = _run(fresh_env, "probes", "--model", "tiny-llama", "--corpus", "corpus.txt", "--docs", "3",
                  "--max-length", "16", "--json")
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert json.loads(probe.stdout)["n_layers"] == 4

@@ -10,7 +10,7 @@ added back, optionally rescaled:
 A one-block step with scale 1 is the block itself. The unedited model is ``identity(L)``; deleting, reordering
 and repeating blocks are shorter, permuted or longer sequences.
 
-Text form (``depthlib intervene --plan``), blocks 0-indexed as in ``model.layers``::
+Text form (``depthlib interventions --plan``), blocks 0-indexed as in ``model.layers``::
 
     0-17            blocks 0..17 in order (the identity of an 18-block model); 17-0 runs them reversed
     0-4,6-17        block 5 deleted

@@ -1,8 +1,8 @@
 """One depth series: train every depth on the same tokens, save each as a Hugging Face folder, probe it.
 
-A series is one results-cache run (experiment ``lm-depth``). Each (depth, seed) member is a unit of work: it is
+A series is one results-cache run (experiment ``lm``). Each (depth, seed) member is a unit of work: it is
 trained (resumable from ``units/checkpoint_<unit>.pt``), saved as an ordinary Hugging Face folder with its tokenizer
-under ``<cache>/models/lm-depth/<run key>/`` (so ``depthlib probe --model <folder>`` takes it), probed on the held-out
+under ``<cache>/models/lm/<run key>/`` (so ``depthlib probes --model <folder>`` takes it), probed on the held-out
 pieces by :func:`depthlib.probes.probe_documents`, and its tables are written to ``units/``; a rerun skips finished
 units. When every unit is done the run's tables are written (tidy, one row per measurement):
 
@@ -51,7 +51,7 @@ from depthlib.lm.tokenizer import load_tokenizer, save_tokenizer, tokenizer_dige
 from depthlib.lm.train import TrainConfig, train_model
 from depthlib.validate import distinct, int_in_range, resolve_device
 
-EXPERIMENT = "lm-depth"
+EXPERIMENT = "lm"
 UNITS = "units"
 
 
@@ -270,7 +270,7 @@ def _progress(cfg: SeriesConfig, todo: list[tuple[int, int]], vocab: int, enable
                 for d in cfg.depths}
     total = sum(per_step[d] * cfg.train.steps for d, _ in todo)
     tty = sys.stderr.isatty()
-    bar = tqdm(total=total, unit="GFLOP", desc=f"lm-depth {cfg.profile} ({len(todo)} models to train)",
+    bar = tqdm(total=total, unit="GFLOP", desc=f"lm {cfg.profile} ({len(todo)} models to train)",
                disable=not enabled, file=sys.stderr, dynamic_ncols=True, mininterval=0.5 if tty else 20,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} GFLOP [{elapsed}<{remaining}, {rate_fmt}]{postfix}")
     return bar, per_step
@@ -353,7 +353,7 @@ def run_series(cfg: SeriesConfig, device: str = "cpu", *, progress: bool = True,
                 raise InputError("a depth series on an executor uses the results cache (no root folder)")
             from depthlib import executors
             deepest_first = sorted(todo, key=lambda u: -u[0])      # the costliest jobs first: workers finish together
-            units = [executors.Unit(f"lm-depth-{run.key}-{unit_name(d, s)}", "depthlib.lm.series:train_member",
+            units = [executors.Unit(f"lm-{run.key}-{unit_name(d, s)}", "depthlib.lm.series:train_member",
                                     dict(config=cfg.to_dict(), depth=d, seed=s, device=dev)) for d, s in deepest_first]
             problem = executors.failures(executors.run_units(units, executor))
             if problem:

@@ -1,6 +1,6 @@
 """Figures of the depth-series chapter (chapter 6), built from the tables of :mod:`depthlib.lm.analysis` only.
 
-The per-layer profiles reuse chapter 2's builders (:mod:`depthlib.plots.hidden_states`) so the two chapters can be
+The per-layer profiles reuse chapter 2's builders (:mod:`depthlib.plots.probes`) so the two chapters can be
 read side by side; depths are coloured along one sequential scale (shallow: dark, deep: light).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@
 
 Where blocks, embeddings, norms and heads live is :mod:`depthlib.models.arch`, shared with the causal tracer.
 
-:func:`run_probe` is the cached entry point used by the CLI (``depthlib probe``); the chapter's profiles, the runs
+:func:`run_probe` is the cached entry point used by the CLI (``depthlib probes``); the chapter's profiles, the runs
 it shows and their replay check are in :mod:`~depthlib.probes.chapter`.
 """
 from __future__ import annotations

@@ -90,7 +90,7 @@ def chapter_runs(profile: str = "smoke", *, extra_models: Sequence[str] = (), re
                  progress: bool = False) -> dict[str, results.Run]:
     """The run of every model chapter 2 shows for ``profile``: the profile's models (computed if missing, e.g.
     ``paper`` probes Pythia on FineWeb and never falls back to a ``cpu`` run) and ``extra_models``, whose runs
-    must exist already (made by ``depthlib probe --model NAME ...``; the best one of that model is shown)."""
+    must exist already (made by ``depthlib probes --model NAME ...``; the best one of that model is shown)."""
     from depthlib.probes import experiment_name
     results.check_profile(profile)
     runs = {model: _chapter_run(profile, model, None, rerun, progress) for model in PROFILES[profile].models}
@@ -100,7 +100,7 @@ def chapter_runs(profile: str = "smoke", *, extra_models: Sequence[str] = (), re
         run = results.select_run(experiment_name(model), profile, rerun=rerun, include_custom=True,
                                  expected_config=lambda prof, m=model: _expected_main(prof, m))
         if run is None:
-            raise InputError(f"no probe run of {model!r} yet: run `depthlib probe --model {model} ...` first")
+            raise InputError(f"no probe run of {model!r} yet: run `depthlib probes --model {model} ...` first")
         runs[model] = run
     return runs
 

@@ -23,7 +23,7 @@ from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.scaling import law
 
-EXPERIMENT = "chinchilla"
+EXPERIMENT = "scaling"
 #: The compute entry of each experiment's runs: the modules a run's numbers depend on are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: here scaling.law and data, not this glue).
 COMPUTE = {EXPERIMENT: "depthlib.scaling.chapter:compute"}

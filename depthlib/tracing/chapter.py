@@ -26,7 +26,7 @@ from depthlib.tracing.facts import Fact, check_facts, load_facts, safe_name
 from depthlib.tracing.patching import KINDS
 from depthlib.tracing.tracer import CausalTracer, TraceConfig, trace_facts
 
-EXPERIMENT = "causal_tracing"
+EXPERIMENT = "tracing"
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: locate, noise, patching, tracer, facts and the model adapters).
 COMPUTE = {EXPERIMENT: "depthlib.tracing.chapter:compute"}
