@@ -251,13 +251,8 @@ def _toy_calibration_both(args, executor) -> dict[str, Any]:
     """Both calibration runs of a profile, as two units of ``executor`` (e.g. two 1-thread joblib workers)."""
     from depthlib.toy import chapter
     runs = chapter.calibration_runs(args.profile, args.device, executor=executor)
-    summary = chapter.calibration_summary(runs)
     return {"profile": args.profile, "meaningful": args.profile != "smoke", "executor": executor.kind,
-            "alpha": [{"teacher": r.teacher, "rho": r.rho, "alpha": _round_or_none(r.alpha), "lo": _round_or_none(r.lo),
-                       "hi": _round_or_none(r.hi), "steps": int(r.steps)} for r in summary.itertuples()],
-            "interval": str(summary["interval"].iloc[0]),
-            "runs": {kind: str(run.path) for kind, run in runs.items()},
-            "wall_time_s": {kind: run.manifest.get("wall_time_s") for kind, run in runs.items()}}
+            **chapter.calibration_pair_summary(runs)}
 
 
 def _loaded(run, started: float) -> bool:
@@ -356,7 +351,7 @@ def _add_tracing(sub) -> None:
 def _cmd_tracing_chapter(args) -> dict[str, Any]:
     """``depthlib tracing --profile P``: the chapter run, in this process or as jobs of --executor."""
     from depthlib import validate
-    from depthlib.tracing import chapter, shards
+    from depthlib.tracing import chapter
     given = [f"--{k}" for k in ("prompt", "subject", "target", *_TRACE_DEFAULTS, "window")
              if getattr(args, k) is not None] + (["--force"] if args.force else [])
     if given:
@@ -367,12 +362,8 @@ def _cmd_tracing_chapter(args) -> dict[str, Any]:
         validate.accessible("--model", args.model)
         validate.model_files("--model", args.model)     # before any model is traced (hours on the paper profile)
     extra = [args.model] if args.model and args.model not in chapter.PROFILES[args.profile].models else []
-    executor = _executor_config(args)
-    if executor.kind == "serial":
-        run = chapter.compute(args.profile, extra_models=extra, device=args.device, progress=True)
-    else:
-        n = validate.int_in_range("--shards", args.shards if args.shards is not None else executor.jobs, 1)
-        run = shards.run_sharded(args.profile, executor, extra_models=extra, device=args.device, fact_shards=n)
+    run = chapter.compute(args.profile, extra_models=extra, device=args.device, progress=True,
+                          executor=_executor_config(args), shards=args.shards)
     out = chapter.summary(run)
     return {"profile": args.profile, "meaningful": args.profile != "smoke", "models": out["models"],
             "facts_traced": out["facts_traced"], "executor": out["executor"], "wall_time_s": out["wall_time_s"],
@@ -398,23 +389,14 @@ def _cmd_tracing(args) -> dict[str, Any]:
     from depthlib import validate
     validate.int_in_range("--seed", args.seed, 0, 2**63 - 1)
     validate.resolve_device(args.device)   # before loading the model: 'tpu' or absent CUDA is one line
-    if not args.subject.strip() or args.subject.lower() not in args.prompt.lower():
-        raise InputError(f"subject {args.subject!r} not found in the prompt {args.prompt!r}")
     from depthlib import tracing
-    from depthlib.models import load_model
+    from depthlib.tracing import chapter
     if args.noise not in tracing.NOISE_PRESETS:
         tracing.noise_sigma(None, None, args.noise)  # validates a number before loading the model
     validate.model_files("--model", args.model)
-    model, tok = load_model(args.model, dtype=args.dtype, device=args.device)
-    from depthlib import finite
-    finite.check_weights(model, args.model)
     config = tracing.TraceConfig(samples=args.samples, noise=args.noise, window=args.window, seed=args.seed)
-    tracer = tracing.CausalTracer(model, tok, config, name=args.model)
-    with finite.guard(model, args.model, args.dtype):   # fp16 overflow: one line, not a trace of NaN logits
-        result = tracer.trace(args.prompt, args.subject, args.target, kinds=(args.kind,),
-                              progress=sys.stderr.isatty())[args.kind]
-    return {"model": args.model, "dtype": args.dtype, **result.summary(),
-            "grid_axes": "grid[layer][token]: mean restored p(target), layer 0 = first block"}
+    return chapter.trace_one(args.model, args.prompt, args.subject, args.target, kind=args.kind, config=config,
+                             dtype=args.dtype, device=args.device, progress=sys.stderr.isatty())
 
 
 # ---- interventions (chapter 5) -----------------------------------------------------------------
@@ -479,7 +461,7 @@ def _add_lm(sub) -> None:
 
 def _cmd_lm(args) -> dict[str, Any]:
     started = time.time()
-    from depthlib import paths, validate
+    from depthlib import validate
     from depthlib.lm import chapter
     device = chapter.default_device(args.profile) if args.device is None else args.device
     validate.resolve_device(device)
@@ -487,9 +469,8 @@ def _cmd_lm(args) -> dict[str, Any]:
     run = chapter.compute(cfg, device, force=args.force, progress=True, executor=_executor_config(args))
     s = chapter.summary(run)
     throughput = {k: _round_or_none(v, 4) for k, v in s.pop("throughput").items()}
-    return {**{k: v for k, v in s.items() if k != "run"}, "meaningful": args.profile != "smoke",
-            "throughput": throughput, "loaded_from_cache": _loaded(run, started), "run": s["run"],
-            "models": [str(paths.cache_dir() / f) for f in run.table("models")["folder"]]}
+    return {**{k: v for k, v in s.items() if k not in ("run", "models")}, "meaningful": args.profile != "smoke",
+            "throughput": throughput, "loaded_from_cache": _loaded(run, started), "run": s["run"], "models": s["models"]}
 
 
 # ---- compose (chapter 7) -----------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from depthlib import results, runtime
+from depthlib import paths, results, runtime
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.lm.corpus import CorpusConfig
@@ -162,7 +162,8 @@ def chinchilla_alpha() -> dict | None:
 
 def summary(run: results.Run) -> dict:
     """The key numbers of a series: the held-out losses, the fit L = L∞ + c·ℓ^(−α_ℓ) with its bootstrap interval,
-    the middle-angle exponent and what the run cost."""
+    the middle-angle exponent, what the run cost and where its trained models are (Hugging Face folders in the local
+    cache)."""
     m, s = run.manifest, run.manifest.get("summary", {})
     d = describe(run)
     boot = s.get("bootstrap", {})
@@ -178,7 +179,8 @@ def summary(run: results.Run) -> dict:
             "alpha_theta": s.get("alpha_theta"), "theta_middle_mean": s.get("theta_middle_mean"),
             "theta_dh_mean": s.get("theta_dh_mean"), "n_params": s.get("n_params"),
             "n_non_embedding": s.get("n_non_embedding"), "throughput": m.get("throughput", {}),
-            "wall_time_s": m.get("wall_time_s")}
+            "wall_time_s": m.get("wall_time_s"),
+            "models": [str(paths.cache_dir() / f) for f in run.table("models")["folder"]]}
 
 
 def leave_one_depth_out(run: results.Run) -> pd.DataFrame:

@@ -325,6 +325,17 @@ def summary(run: results.Run) -> dict:
                            "wall_time_s": m.get("wall_time_s")}}
 
 
+def calibration_pair_summary(runs: dict[str, results.Run]) -> dict:
+    """The key numbers of the calibration runs (what ``depthlib toy --calibration both`` prints): α_ℓ with its
+    interval and the steps per teacher, the runs' folders and wall times."""
+    table = calibration_summary(runs)
+    return {"alpha": [{"teacher": r.teacher, "rho": r.rho, "alpha": _rounded(r.alpha), "lo": _rounded(r.lo),
+                       "hi": _rounded(r.hi), "steps": int(r.steps)} for r in table.itertuples()],
+            "interval": str(table["interval"].iloc[0]),
+            "runs": {kind: str(run.path) for kind, run in runs.items()},
+            "wall_time_s": {kind: run.manifest.get("wall_time_s") for kind, run in runs.items()}}
+
+
 def _rounded(x, digits: int = 3):
     """Rounded float, or None (JSON null) where a fit is undefined (e.g. no interval from two depths)."""
     return None if x is None or not np.isfinite(float(x)) else round(float(x), digits)

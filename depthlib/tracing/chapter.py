@@ -131,6 +131,22 @@ def _load_checked(name: str, dtype, device: str):
     return model, tok
 
 
+def trace_one(model: str, prompt: str, subject: str, target: str | None = None, *, kind: str = "block",
+              config: TraceConfig | None = None, dtype: str = "float32", device: str = "cpu",
+              progress: bool = False) -> dict:
+    """One causal trace (what ``depthlib tracing --model M --prompt P --subject S`` prints): restore ``kind`` outputs
+    of the clean run into the corrupted one, layer by layer and token by token (paper §6, Fig. 6). Returns the trace's
+    summary and the model and dtype; a NaN weight or a non-finite activation (fp16 overflow) is one line."""
+    if not subject.strip() or subject.lower() not in prompt.lower():
+        raise InputError(f"subject {subject!r} not found in the prompt {prompt!r}")
+    m, tok = _load_checked(model, dtype, device)
+    tracer = CausalTracer(m, tok, config or TraceConfig(), name=model)
+    with finite.guard(m, model, dtype):
+        result = tracer.trace(prompt, subject, target, kinds=(kind,), progress=progress)[kind]
+    return {"model": model, "dtype": dtype, **result.summary(),
+            "grid_axes": "grid[layer][token]: mean restored p(target), layer 0 = first block"}
+
+
 def chosen_facts(config: dict, check: pd.DataFrame) -> list[Fact]:
     """The facts a model's fact-set average traces: the first ``n_facts`` of the set that it knows."""
     known = set(check.loc[check["correct"] & (check["kind"] == "fact"), "id"])
@@ -168,10 +184,16 @@ def model_done(run: results.Run, name: str) -> bool:
 
 
 def compute(profile: str = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
-            progress: bool = False, force: bool = False) -> results.Run:
+            progress: bool = False, force: bool = False, executor=None, shards: int | None = None) -> results.Run:
     """Compute (or resume, or load) the chapter's tables for ``profile`` in the local results cache; returns the Run
     (the lifecycle of :func:`depthlib.results.computing`). Models already done (all four tables written) are skipped,
-    so an interrupted run resumes. (:mod:`depthlib.tracing.shards` computes the same run as jobs of an executor.)"""
+    so an interrupted run resumes. With an :class:`depthlib.executors.ExecutorConfig` other than serial, the same run
+    is computed as its jobs, each model's facts in ``shards`` slices (default: its worker count;
+    :mod:`depthlib.tracing.shards`)."""
+    if executor is not None and executor.kind != "serial":
+        from depthlib.tracing import shards as sharded
+        return sharded.run_sharded(profile, executor, extra_models=extra_models, device=device,
+                                   fact_shards=executor.jobs if shards is None else shards)
     config = chapter_config(profile, extra_models)
     with computing(config, device=device, force=force) as job:
         if job.complete:
