@@ -582,8 +582,9 @@ def reductions(profile: str = "cpu") -> list[str]:
         f"**4.** {', '.join(p4.models)}, {p4.n_facts} facts × {p4.samples} noise samples; the paper: Pythia-12b, "
         "one prompt, one noise draw.",
         f"**5.** {', '.join(p5.models)} and chapter 3's converged toy students, {p5.n_docs} documents × "
-        f"{p5.config.max_length} tokens (the last {p5.config.score_last} scored); fewer plans on Gemma (not in the "
-        "paper).",
+        f"{p5.config.max_length} tokens (the last {p5.config.score_last} scored); " + "; ".join(
+            f"{m}: k = {', '.join(map(str, p5.config_for(m).suite.ks))} blocks deleted, {p5.config_for(m).suite.draws} "
+            "draws each" for m in p5.models) + "; no single-block deletions on the LMs (not in the paper).",
         f"**6.** Width {p6.series.model.d_model}, depths {list(p6.series.depths)}, {p6.series.train.steps:,} steps × "
         f"{p6.series.train.batch_size} × {p6.series.model.context} tokens per model, {len(p6.series.seeds)} seed(s) "
         "(not in the paper).",
