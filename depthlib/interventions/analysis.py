@@ -349,6 +349,7 @@ READER_NAMES = {
     "alpha_del": "rescaled deletion: exponent α̂",
     "order_ratio": "reordering ÷ deleting the moved blocks",
     "norm_ratio": "norm-matched ÷ plain reordering",
+    "permutation": "random order of the whole middle: median Δloss (nats/token)",
     "parallel_ratio": "parallel: summed ÷ averaged",
     "held_on_control": "held on its control", "separates_controls": "controls separate",
     "theta": "θ(Δh_l, Δh_l+1) (rad)", "theta_lo": "θ: 95 % low", "theta_hi": "θ: 95 % high",
