@@ -26,9 +26,11 @@ ROOT = paths.committed_results_dir()
 #: - fp32 models (probes, causal tracing, interventions, the depth series): 1e-4 ≈ d_model · eps32, the bound on
 #:   a float32 dot product over the residual width (576 or 640 terms × 1.19e-7 = 6.9e-5 or 7.6e-5) when a CPU's
 #:   kernels sum it in another order. Measured at most 2.6e-5 (a causal-tracing probability), 1.1e-6 for probe
-#:   angles, 3.3e-7 for interventions' summed document losses, 1.2e-8 for the depth series' held-out losses. Summed KL divergences
-#:   cancel sums over the vocabulary and carry ``atol`` = twice the identity plan's KL of the same document (0
-#:   exactly; 0.07–0.11 nats per 63 tokens): measured 0.016 apart on 81.29 (1.9e-4 relative).
+#:   angles, 3.3e-7 for interventions' summed document losses, 1.2e-8 for the depth series' held-out losses. The AMD
+#:   failure of an interventions replay (a document's summed KL, 81.3008 against 81.2852: 1.9e-4) came from computing
+#:   KL as Σ p log p − Σ p log q, two large sums over the vocabulary that cancel; KL is now summed term by term
+#:   (identical distributions give exactly 0, ``interventions.execute.LMBatch.score``) and takes the same 1e-4. Not yet
+#:   re-measured on an Intel machine since.
 #: - the toy (fp32 students, small matmuls): 1e-4, by the same bound over its widths; measured below 2.3e-6.
 #: - chapter 7 (fp32 transformers of width 32 on 8-symbol sequences, 100 Adam steps replayed): 1e-4, the same bound
 #:   (32 terms × 1.19e-7 = 3.8e-6 per dot product, amplified by the steps replayed); not yet measured across CPUs.
