@@ -229,7 +229,7 @@ def test_series_writes_every_table(tiny_run):
     assert {"step", "depth", "seed", "train_loss", "val_loss", "tokens_seen"} <= set(curves.columns)
     summ = run.table("probe_summary")
     assert set(summ.loc[summ["depth"] == 4, "step"]) == {0, 4, 8, 12}                      # angles during training
-    assert set(run.table("scaling")["quantity"]) == {"alpha", "L_inf", "c", "alpha_theta", "alpha_theta_dh"}
+    assert set(run.table("fit")["quantity"]) == {"alpha", "L_inf", "c", "alpha_theta", "alpha_theta_dh"}
     s = run.manifest["summary"]
     assert set(s["val_loss"]) == {"1", "2", "4"} and s["tokens_per_model"] == 12 * 4 * 16
     assert sum(p.stat().st_size for p in run.path.glob("*.parquet")) < 1_000_000
@@ -309,7 +309,7 @@ def test_cli_smoke_json(cache):
     result = json.loads(out.stdout)
     assert result["profile"] == "smoke" and result["meaningful"] is False
     assert set(result["val_loss"]) == {"1", "2", "4", "8"}
-    assert {"alpha_l", "L_inf", "c_l", "interval"} <= set(result["scaling"])
+    assert {"alpha_l", "L_inf", "c_l", "interval"} <= set(result["fit"])
     assert {"tokens_per_s", "gflop_per_s", "fraction_of_matmul"} <= set(result["throughput"])
     assert all(os.path.isfile(os.path.join(f, "config.json")) for f in result["models"])
     second = _cli("--profile", "smoke", "--json", cache=cache)

@@ -370,7 +370,7 @@ def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
     name = _knowing_model(tok, tmp_path / "tiny")
     monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.TracingProfile("smoke", (name,), 1, ("block", "mlp"), 2,
                                                                           n_facts=2, n_check=3))
-    run = chapter.runs("smoke")["tracing"]
+    run = chapter.runs("smoke")["trace"]
     assert run.complete and not run.stale and run.profile == "smoke"
     assert run.manifest["code_modules"] == list(results.compute_modules(*chapter.COMPUTE.values()))
     assert "depthlib.tracing.chapter" not in run.manifest["code_modules"]
@@ -379,7 +379,7 @@ def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
     assert list(check["kind"]) == ["prompt", "fact", "fact", "fact"]
     assert bool(check.loc[check["kind"] == "prompt", "correct"].iloc[0])  # the model knows the chapter prompt
     assert set(tables["prompts"]["kind"]) == {"block", "mlp"}
-    assert chapter.runs("smoke")["tracing"].path == run.path  # found, not recomputed
+    assert chapter.runs("smoke")["trace"].path == run.path  # found, not recomputed
     # the one rule only shows a run whose config is the profile's current one
     monkeypatch.setitem(chapter.PROFILES, "smoke", chapter.TracingProfile("smoke", (name,), 1, ("block",), 3))
     assert results.select_run(chapter.EXPERIMENT, "smoke", expected_config=lambda p: chapter.chapter_config(p)) is None
@@ -395,7 +395,7 @@ def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
 def test_gemma_smoke_run_replays():
     """The smoke run of the chapter (offline Gemma-3-270M and SmolLM2-135M) recomputes to the same heat map."""
     from depthlib.tracing import chapter
-    run = chapter.runs("smoke")["tracing"]
+    run = chapter.runs("smoke")["trace"]
     replayed = tracing.replay(run)
     assert replayed["committed"].notna().all() and len(replayed) > 0
     np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-5, atol=1e-7)
