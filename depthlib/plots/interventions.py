@@ -130,7 +130,7 @@ def order_vs_distance(pairs: pd.DataFrame, models: list[str]) -> go.Figure:
     """Each reordering's cost over deleting the same blocks, against its mean displacement d̄ (over the middle and
     inside the plateau); a ratio of 1 (dotted) is "as costly as deleting what it moved"."""
     fig = new_figure("", "mean displacement d̄ = mean |π(i) − i| (blocks)",
-                     "Δ loss (reordering) / Δ loss (deleting the same blocks)", log_y=True)
+                     "ΔL(reordering) / ΔL(deleting them)", log_y=True)
 
     def draw(m: str, visible: bool) -> None:
         sub = pairs[pairs["model"] == m]
