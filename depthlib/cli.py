@@ -538,7 +538,10 @@ def _cmd_compose(args) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="depthlib", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    from depthlib.chapters import CHAPTERS
+    # the chapters' names only: a former name (``fit`` …) still runs, and its command's help line names it
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                metavar="{" + ",".join([c.command for c in CHAPTERS] + ["book"]) + "}")
     for add in (_add_scaling, _add_probes, _add_toy, _add_tracing, _add_interventions, _add_lm, _add_compose,
                 _add_book):
         add(sub)

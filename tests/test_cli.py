@@ -28,6 +28,8 @@ def test_former_command_names_still_run(capsys):
     assert cli.main(["fit", "--preset", "paper", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["alpha_l"] == pytest.approx(1.201, abs=0.005)
     assert "tracing needs --model" in _fails(capsys, ["trace", "--prompt", "x"])
+    usage = cli.build_parser().format_usage()            # the usage line names each chapter once, by its name
+    assert "{scaling,probes,toy,tracing,interventions,lm,compose,book}" in usage and "fit" not in usage
 
 
 def test_fit_converged_with_bootstrap(capsys):
