@@ -527,9 +527,20 @@ def readable_checkpoint(path: Path) -> bool:
         return False
 
 
+def _readable_table(path: Path) -> bool:
+    """A parquet file reads whole (a partial run's tables are small: one curve per evaluation, one unit's rows)."""
+    try:
+        import pyarrow.parquet as pq
+        pq.read_table(path)
+        return True
+    except Exception:  # noqa: BLE001 - any unreadable file counts
+        return False
+
+
 def corruption(run: Run, tables: Sequence[str] = (), checkpoints: Sequence[str] = ()) -> str | None:
     """What is wrong with an existing run folder, in a few words, or None if it reads: a finished run's manifest
-    and every table (present and matching the manifest's checksum); a partial run's tables and checkpoints."""
+    and every table (present and matching the manifest's checksum); a partial run's tables (its ``units/`` included)
+    and checkpoints (every ``*.pt`` under it)."""
     try:
         m = run.manifest
     except CorruptRunError:
@@ -546,26 +557,66 @@ def corruption(run: Run, tables: Sequence[str] = (), checkpoints: Sequence[str] 
             if not isinstance(info, dict) or _sha256(path) != info.get("sha256"):
                 return f"table {name} fails its checksum"
         return None
-    for name in run.tables():             # a partial run's tables are small (e.g. one curve per evaluation)
-        path = run.table_path(name)
-        try:
-            import pyarrow.parquet as pq
-            pq.read_table(path)
-        except Exception:  # noqa: BLE001 - any unreadable file counts
-            return f"table {name} is unreadable"
-    for name in checkpoints:
-        path = run.path / name
+    for path in sorted(run.path.rglob("*.parquet")):
+        if not _readable_table(path):
+            return f"table {path.relative_to(run.path).with_suffix('').as_posix()} is unreadable"
+    for path in sorted({*run.path.rglob("*.pt"), *(run.path / c for c in checkpoints)}):
         if path.exists() and not readable_checkpoint(path):
-            return f"{name} is unreadable"
+            return f"{path.relative_to(run.path).as_posix()} is unreadable"
     return None
 
 
+def repair(run: Run, *, tables: Sequence[str] = (), checkpoints: Sequence[str] = (),
+           unit_marker: str | None = None) -> list[str]:
+    """Delete only what is unreadable in a run folder, so that a rerun resumes from everything that is whole; returns
+    what was removed, in words (empty: nothing was wrong). A finished unit is never lost to a damaged neighbour:
+
+    - an unreadable manifest, or a finished run's table that is missing or fails its checksum: the manifest (and that
+      table) go, and the run resumes as a partial run: its body skips what its units, tables and checkpoints hold and
+      rebuilds the rest (the lm and compose runs merge their tables again from ``units/``);
+    - an unreadable table or checkpoint (``*.parquet``, ``*.pt`` anywhere under the folder, ``checkpoints`` named by
+      the caller): that file goes. Under ``units/``, where a unit's tables are ``<unit>_<table>`` and it counts as
+      finished once its ``<unit>_<unit_marker>`` table exists (written last; its other files are ``<unit>_*`` or
+      ``<unit>.pt``), the unit's marker goes too, so that unit
+      alone is computed again."""
+    removed: list[str] = []
+
+    def drop(path: Path, why: str) -> None:
+        path.unlink(missing_ok=True)
+        removed.append(why)
+    manifest = run.path / "manifest.json"
+    problem = corruption(run, tables) if manifest.exists() else None
+    if problem is not None:
+        try:
+            complete = run.manifest.get("status") == "complete"
+        except CorruptRunError:
+            complete = False
+        if complete and problem.startswith("table ") and "fails its checksum" in problem:
+            name = problem.split()[1]
+            drop(run.table_path(name), f"table {name} (it failed its checksum)")
+        drop(manifest, f"its manifest ({problem})")
+    units = run.path / "units"
+    tables_ = [(p, "table") for p in sorted(run.path.rglob("*.parquet")) if not _readable_table(p)]
+    saved = [(p, "checkpoint") for p in sorted({*run.path.rglob("*.pt"), *(run.path / c for c in checkpoints)})
+             if p.exists() and not readable_checkpoint(p)]
+    for path, kind in tables_ + saved:
+        drop(path, f"the unreadable {kind} {path.relative_to(run.path).as_posix()}")
+        if unit_marker and path.parent == units:
+            suffix = f"_{unit_marker}.parquet"
+            for marker in units.glob(f"*{suffix}"):
+                unit = marker.name[: -len(suffix)]
+                if path.stem == unit or path.stem.startswith(f"{unit}_"):
+                    drop(marker, f"the marker of its unit {unit} (that unit is computed again)")
+    return removed
+
+
 def prepare_run(run: Run, *, force: bool = False, tables: Sequence[str] = (),
-                checkpoints: Sequence[str] = ()) -> Run:
+                checkpoints: Sequence[str] = (), unit_marker: str | None = None) -> Run:
     """Validate a local run when it is opened to compute into: with ``force`` its folder is deleted (recomputed from
-    scratch); a corrupt one (:func:`corruption`) is reported in one stderr line naming its folder and deleted, so the
-    caller recomputes it instead of failing on every rerun; a complete one computed by other code (stale) is deleted
-    too, so the caller recomputes it instead of handing back numbers the current code did not produce."""
+    scratch); a damaged one is repaired (:func:`repair`: only what is unreadable goes, reported in one stderr line
+    naming its folder), so the caller resumes from every finished unit instead of failing on every rerun; a complete
+    one computed by other code (stale) is deleted, so the caller recomputes it instead of handing back numbers the
+    current code did not produce."""
     if not run.path.exists():
         return run
     remove_stray_tmp(run.path)
@@ -575,10 +626,10 @@ def prepare_run(run: Run, *, force: bool = False, tables: Sequence[str] = (),
         print(f"[depthlib] --force: deleting the cached run {run.path} and recomputing it", file=sys.stderr)
         shutil.rmtree(run.path)
         return run
-    problem = corruption(run, tables, checkpoints)
-    if problem is not None:
-        print(f"[depthlib] corrupt run {run.path}: {problem}; deleting it and recomputing", file=sys.stderr)
-        shutil.rmtree(run.path)
+    removed = repair(run, tables=tables, checkpoints=checkpoints, unit_marker=unit_marker)
+    if removed:
+        print(f"[depthlib] damaged run {run.path}: removed {'; '.join(removed)}; the rest is kept and the run resumes",
+              file=sys.stderr)
     elif run.complete and run.stale:
         print(f"[depthlib] {run.path} was computed by other code; deleting it and recomputing", file=sys.stderr)
         shutil.rmtree(run.path)
@@ -669,23 +720,23 @@ class Computation:
 @contextmanager
 def computing(experiment: str, config: dict[str, Any], *, profile: str, code: Sequence[str],
               seed: int | None = None, device: str | None = None, force: bool = False, root: Path | None = None,
-              tables: Sequence[str] = (), checkpoints: Sequence[str] = (), saves: str | None = None
-              ) -> Iterator[Computation]:
+              tables: Sequence[str] = (), checkpoints: Sequence[str] = (), saves: str | None = None,
+              unit_marker: str | None = None) -> Iterator[Computation]:
     """THE run lifecycle: open the run of (experiment, config) in the local cache, check it (:func:`prepare_run`:
-    ``force`` deletes it; a corrupt one, or a complete one computed by other code, is reported, deleted and
-    recomputed; a partial one is kept to resume), hand it to the body, and finish it.
+    ``force`` deletes it; a damaged one is repaired, losing only what is unreadable; a complete one computed by other
+    code is deleted and recomputed; a partial one is kept to resume), hand it to the body, and finish it.
 
     The body sees a :class:`Computation` ``job``: when ``job.complete`` the run was complete when opened and the body
     computes nothing (the manifest is left as it is). Otherwise the body writes the run's tables (``job.run``),
     calls ``job.save_progress()`` after each so that the wall time counts across resumes, and ``job.record(...)`` for
-    manifest fields. On a normal exit the run is finished: its manifest records ``profile``, ``seed``, ``device``,
-    the wall time over all segments and the code modules derived from ``code`` (compute entries,
-    :func:`compute_modules`); the progress file is removed. On an exception the wall time so far is saved and the
-    failure is handled as :func:`guarding` says (``saves``: what an interrupted run keeps): the run resumes next
-    time."""
-    run = prepare_run(open_run(experiment, config, root=root), force=force, tables=tables, checkpoints=checkpoints)
-    if run.complete and not all(run.has(t) for t in tables):
-        shutil.rmtree(run.path)                # a table the manifest does not list went missing: recompute
+    manifest fields. On a normal exit the run is finished (:func:`_finish`, atomic with respect to Ctrl-C): its
+    manifest records ``profile``, ``seed``, ``device``, the wall time over all segments and the code modules derived
+    from ``code`` (compute entries, :func:`compute_modules`); only then are the progress file and the
+    ``checkpoints`` (paths relative to the run folder) removed: the body never deletes its own checkpoint. On an
+    exception the wall time so far is saved and the failure is handled as :func:`guarding` says (``saves``: what an
+    interrupted run keeps): the run resumes next time. ``unit_marker``: see :func:`repair`."""
+    run = prepare_run(open_run(experiment, config, root=root), force=force, tables=tables, checkpoints=checkpoints,
+                      unit_marker=unit_marker)
     job = Computation(run, profile=profile, code=code, seed=seed, device=device)
     try:
         with guarding(run.path, saves.format(folder=run.path) if saves else None):
@@ -699,15 +750,45 @@ def computing(experiment: str, config: dict[str, Any], *, profile: str, code: Se
         raise
     if job.complete or job._stopped:
         return
-    run.finish(profile=profile, seed=seed, wall_time_s=job.elapsed, code=code, device=device, **job.extra)
-    (run.path / PROGRESS).unlink(missing_ok=True)
+    _finish(job, checkpoints)
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[list[int]]:
+    """Ctrl-C (SIGINT) held back inside the with-block: the signals that arrived are in the yielded list. Outside the
+    main thread (where no handler can be set) nothing is deferred."""
+    import signal
+    import threading
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _finish(job: Computation, checkpoints: Sequence[str]) -> None:
+    """Finish a computed run, atomic with respect to Ctrl-C: the manifest is written (atomically) before anything it
+    replaces — the progress file, the checkpoints — is removed, with SIGINT held back meanwhile; a Ctrl-C that came
+    during it is raised afterwards as :class:`RunInterrupted` saying that the run was saved."""
+    run = job.run
+    with _sigint_deferred() as caught:
+        run.finish(profile=job.profile, seed=job.seed, wall_time_s=job.elapsed, code=job.code, device=job.device,
+                   **job.extra)
+        for name in (PROGRESS, *checkpoints):
+            (run.path / name).unlink(missing_ok=True)
+    if caught:
+        raise RunInterrupted(run.path, f"the run had finished: it is complete and saved in {run.path}")
 
 
 def shown_run(experiment: str, profile: str, *, expected_config: Callable[[str], dict | None] | None = None,
               rerun: bool = False, include_custom: bool = False) -> Run | None:
     """The run a chapter shows for ``profile`` (:func:`select_run`), checked (:meth:`Run.validate`), or None when
-    there is none; a corrupt local run is reported in one line and deleted (the caller computes it again), a corrupt
-    committed run raises."""
+    there is none; a corrupt local run is reported in one line and left to the caller, whose computation repairs it
+    (:func:`repair`) and resumes; a corrupt committed run raises."""
     run = select_run(experiment, profile, expected_config=expected_config, rerun=rerun,
                      include_custom=include_custom)
     if run is None:
@@ -717,8 +798,7 @@ def shown_run(experiment: str, profile: str, *, expected_config: Callable[[str],
     except CorruptRunError as err:
         if run.committed:
             raise
-        print(f"[depthlib] {err}; recomputing it", file=sys.stderr)
-        shutil.rmtree(run.path)
+        print(f"[depthlib] {err}; repairing it (what is whole is kept)", file=sys.stderr)
         return None
 
 

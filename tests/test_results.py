@@ -256,26 +256,31 @@ def test_prepare_run_keeps_a_sound_run_and_deletes_a_forced_one(roots, capsys):
     assert not run.path.exists() and f"--force: deleting the cached run {run.path}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage, problem", [
-    (lambda run: (run.path / "manifest.json").write_text('{"status": "compl'), "its manifest.json is unreadable"),
-    (lambda run: (run.path / "manifest.json").write_text("[1, 2]"), "its manifest.json is unreadable"),
-    (lambda run: run.table_path("t").write_bytes(run.table_path("t").read_bytes()[:50]), "table t fails its checksum"),
-    (lambda run: run.table_path("t").unlink(), "table t is missing"),
+@pytest.mark.parametrize("damage, removed, kept", [
+    (lambda run: (run.path / "manifest.json").write_text('{"status": "compl'),
+     "its manifest (its manifest.json is unreadable)", ["t.parquet"]),
+    (lambda run: (run.path / "manifest.json").write_text("[1, 2]"),
+     "its manifest (its manifest.json is unreadable)", ["t.parquet"]),
+    (lambda run: run.table_path("t").write_bytes(run.table_path("t").read_bytes()[:50]),
+     "table t (it failed its checksum); its manifest (table t fails its checksum)", []),
+    (lambda run: run.table_path("t").unlink(), "its manifest (table t is missing)", []),
 ])
-def test_prepare_run_reports_a_corrupt_finished_run_in_one_line_and_deletes_it(roots, capsys, damage, problem):
+def test_prepare_run_repairs_a_damaged_finished_run_keeping_what_is_whole(roots, capsys, damage, removed, kept):
+    """Only the damaged part goes (the run resumes from the rest): never the whole folder."""
     _, local = roots
     run = _make(local, "smoke", {"a": 1}, "2024-01-01")
     damage(run)
     results.prepare_run(run, tables=("t",))
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"[depthlib] corrupt run {run.path}: {problem}; deleting it and recomputing"]
-    assert not run.path.exists()
+    assert err == [f"[depthlib] damaged run {run.path}: removed {removed}; the rest is kept and the run resumes"]
+    assert sorted(p.name for p in run.path.iterdir()) == kept
 
 
 def test_prepare_run_checks_a_partial_runs_tables_and_checkpoint(tmp_path, capsys):
     import torch
     run = results.open_run("exp", {"a": 2}, root=tmp_path)
     run.write_table("curve_1", pd.DataFrame({"x": range(50)}))
+    run.write_table("curve_2", pd.DataFrame({"x": range(50)}))
     torch.save({"w": torch.ones(100)}, run.path / "checkpoint.pt")
     assert results.corruption(run, checkpoints=("checkpoint.pt",)) is None
     assert results.readable_checkpoint(run.path / "checkpoint.pt")
@@ -283,13 +288,31 @@ def test_prepare_run_checks_a_partial_runs_tables_and_checkpoint(tmp_path, capsy
     (run.path / "checkpoint.pt").write_bytes(data[: len(data) // 2])
     assert not results.readable_checkpoint(run.path / "checkpoint.pt")
     assert results.corruption(run, checkpoints=("checkpoint.pt",)) == "checkpoint.pt is unreadable"
-    (run.path / "checkpoint.pt").unlink()
     garbled = bytearray(run.table_path("curve_1").read_bytes())
     garbled[10:60] = b"x" * 50
     run.table_path("curve_1").write_bytes(bytes(garbled))
     assert results.corruption(run) == "table curve_1 is unreadable"
     results.prepare_run(run)
-    assert not run.path.exists() and "corrupt run" in capsys.readouterr().err
+    assert sorted(p.name for p in run.path.iterdir()) == ["curve_2.parquet"]       # the whole table is kept
+    err = capsys.readouterr().err
+    assert "unreadable table curve_1.parquet" in err and "unreadable checkpoint checkpoint.pt" in err
+
+
+def test_a_damaged_unit_file_costs_its_unit_only(tmp_path, capsys):
+    """Under units/, an unreadable table or checkpoint of a unit also removes that unit's marker (written last), so
+    exactly that unit is computed again; other units and their markers are kept."""
+    run = results.open_run("exp", {"a": 3}, root=tmp_path)
+    units = results.Run("exp", {}, run.path / "units")
+    for unit in ("d001_s0", "d002_s0"):
+        for table in ("curve", "model"):
+            units.write_table(f"{unit}_{table}", pd.DataFrame({"x": [1]}))
+        (units.path / f"{unit}.pt").write_bytes(b"not a zip")   # d002's block checkpoint: unreadable too
+    (units.path / "d001_s0.pt").unlink()
+    units.table_path("d001_s0_curve").write_bytes(b"PAR1 garbled")
+    assert results.repair(run, unit_marker="model") == [
+        "the unreadable table units/d001_s0_curve.parquet", "the marker of its unit d001_s0 (that unit is computed again)",
+        "the unreadable checkpoint units/d002_s0.pt", "the marker of its unit d002_s0 (that unit is computed again)"]
+    assert sorted(p.name for p in units.path.iterdir()) == ["d002_s0_curve.parquet"]
 
 
 def test_stray_tmp_files_of_gone_processes_are_removed(tmp_path):

@@ -130,7 +130,7 @@ def run_compose(cfg: ComposeConfig, *, force: bool = False, progress: bool = Tru
     torch.set_num_threads(1)
     with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile, code=(f"{__name__}:run_compose",),
                            seed=int(cfg.seeds[0]), device="cpu", force=force,
-                           saves="every finished member's tables are in {folder}/units") as job:
+                           saves="every finished member's tables are in {folder}/units", unit_marker="members") as job:
         if job.complete:
             return job.run
         run = job.run

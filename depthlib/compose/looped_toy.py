@@ -318,7 +318,7 @@ def run_looped_toy(cfg: LoopedToyConfig, *, force: bool = False, progress: bool 
     torch.set_num_threads(1)
     with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile, code=(f"{__name__}:run_looped_toy",),
                            seed=int(cfg.protocol.seed), device="cpu", force=force,
-                           saves="every finished student is in {folder}/units") as job:
+                           saves="every finished student is in {folder}/units", unit_marker="row") as job:
         if job.complete:
             return job.run
         run = job.run

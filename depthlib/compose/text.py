@@ -280,7 +280,7 @@ def run_text(cfg: TextConfig, *, jobs: int = 1, force: bool = False, progress: b
     torch.set_num_threads(1)
     with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile, code=(f"{__name__}:run_text",),
                            seed=int(cfg.seed), device="cpu", force=force,
-                           saves="every finished member's tables are in {folder}/units") as job:
+                           saves="every finished member's tables are in {folder}/units", unit_marker="members") as job:
         if job.complete:
             return job.run
         run = job.run

@@ -180,7 +180,6 @@ def _compute(job: results.Computation, model: str, corpus: str, n_docs: int, cfg
                             n_docs=len(eval_docs), n_tokens=int(doc_table["n_predicted"].sum()), plateau=plateau,
                             baseline_loss=float(scores.loc[scores["plan"] == identity(L).text(), "loss"].sum()
                                                 / doc_table["n_predicted"].sum())))
-    (run.path / "checkpoint.pt").unlink(missing_ok=True)
 
 
 __all__ = ["InterventionConfig", "SuiteConfig", "experiment_name", "intervention_key", "run_interventions"]

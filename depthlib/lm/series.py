@@ -264,13 +264,15 @@ def train_unit(cfg: SeriesConfig, depth: int, seed: int, tok, data: TokenData, p
 
 
 def _progress(cfg: SeriesConfig, todo: list[tuple[int, int]], vocab: int, enabled: bool):
-    """One bar for the whole series, in training GFLOP (so its ETA weighs deep members by their cost)."""
+    """One bar for the whole series, in training GFLOP (so its ETA weighs deep members by their cost). It counts whole
+    FLOPs (integers, shown ×1e-9): float steps summed one by one would overshoot a float total by round-off, and tqdm
+    would warn and show a negative time left."""
     from tqdm.auto import tqdm
-    per_step = {d: flops_per_token(cfg.model, d, vocab) * cfg.train.batch_size * cfg.model.context / 1e9
+    per_step = {d: int(round(flops_per_token(cfg.model, d, vocab) * cfg.train.batch_size * cfg.model.context))
                 for d in cfg.depths}
     total = sum(per_step[d] * cfg.train.steps for d, _ in todo)
     tty = sys.stderr.isatty()
-    bar = tqdm(total=total, unit="GFLOP", desc=f"lm {cfg.profile} ({len(todo)} models to train)",
+    bar = tqdm(total=total, unit="GFLOP", unit_scale=1e-9, desc=f"lm {cfg.profile} ({len(todo)} models to train)",
                disable=not enabled, file=sys.stderr, dynamic_ncols=True, mininterval=0.5 if tty else 20,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} GFLOP [{elapsed}<{remaining}, {rate_fmt}]{postfix}")
     return bar, per_step
@@ -341,7 +343,7 @@ def run_series(cfg: SeriesConfig, device: str = "cpu", *, progress: bool = True,
     dev = str(resolve_device(device))
     with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile, code=(f"{__name__}:run_series",),
                            seed=int(cfg.seeds[0]), device=dev, force=force, root=root,
-                           checkpoints=checkpoint_names(cfg)) as job:
+                           checkpoints=checkpoint_names(cfg), unit_marker="model") as job:
         if job.complete:
             return job.run
         run = job.run
