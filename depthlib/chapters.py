@@ -30,6 +30,7 @@ class Chapter:
     offline_models: bool = False  # its notebook loads the offline LMs when it computes (the book converts them first)
     former_experiments: tuple[str, ...] = ()   # former names of its one experiment
     former_commands: tuple[str, ...] = ()      # former names of its command
+    needs: tuple[str, ...] = ()                # chapters whose local runs its runs start from (weights never committed)
 
     @property
     def package(self) -> str:
@@ -71,7 +72,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(4, "tracing", "Causal tracing: functional groups of layers", ("tracing",), offline_models=True,
             former_experiments=("causal_tracing",), former_commands=("trace",)),
     Chapter(5, "interventions", "Interventions: delete, reorder, run in parallel", ("interventions-",),
-            former_commands=("intervene",)),
+            former_commands=("intervene",), needs=("toy",)),
     Chapter(6, "lm", "A depth series of small LMs trained here", ("lm",),
             former_experiments=("lm-depth",), former_commands=("lm-depth",)),
     Chapter(7, "compose", "Can depth be made compositional?", ("compose-",)),

@@ -3,7 +3,8 @@
 The rule: a committed run whose code fingerprint no longer matches the current code is recomputed, **unless** a
 replay that exercises every code path of the run gives bit-identical numbers before and after the change on the
 same machine. The replay is the run's chapter's ``smoke`` profile computed from scratch (``runs("smoke",
-rerun=True)``: every part, route and phase of the chapter at reduced size), once with the code of the commit
+rerun=True)``: every part, route and phase of the chapter at reduced size, after the smoke runs of the chapters it
+``needs``), once with the code of the commit
 before the change (checked out in a temporary git worktree) and once with the current checkout, each in its own
 process and its own empty results cache. Every table of every part must be equal, value for value and type for type
 (columns that measure the machine, not the model — wall times, throughputs, folders — are left out:
@@ -39,6 +40,8 @@ import json, shutil, sys
 from pathlib import Path
 from depthlib.chapters import by_name
 chapter, out = by_name(sys.argv[1]), Path(sys.argv[2])
+for needed in sys.argv[3:]:                        # e.g. chapter 5 edits chapter 3's students: train them first
+    by_name(needed).module.runs("smoke", rerun=True)
 
 def flat(parts, prefix=""):
     for name, value in parts.items():
@@ -68,7 +71,8 @@ def _side(source: Path, chapter: str, out: Path, models: Path | None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(source), "DEPTHLIB_CACHE_DIR": str(cache),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     env.pop("DEPTHLIB_RESULTS_DIR", None)
-    done = subprocess.run([sys.executable, "-c", _SIDE, chapter, str(out)], cwd=source, env=env,
+    needs = by_name(chapter).needs           # today's registry: the earlier commit's may not say
+    done = subprocess.run([sys.executable, "-c", _SIDE, chapter, str(out), *needs], cwd=source, env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]

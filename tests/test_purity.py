@@ -1,0 +1,73 @@
+"""The pure-refactor rule (depthlib.purity): a committed run is re-stamped only when the smoke replay before and after
+a change is bit-identical and the run was fresh before it; the comparison sees a one-ulp change and ignores wall
+times. (The replay itself, two smoke runs of a chapter in subprocesses, is exercised by `python -m depthlib.purity`;
+its record in the committed manifests is checked by tests/test_committed_runs.py.)"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthlib import paths, purity, results
+
+
+def _side(root, tables: dict[str, pd.DataFrame]):
+    for name, df in tables.items():
+        (root / "series").mkdir(parents=True, exist_ok=True)
+        df.to_parquet(root / "series" / f"{name}.parquet", index=False)
+    return root
+
+
+def test_compare_sees_one_ulp_and_ignores_wall_times(tmp_path):
+    loss = np.array([2.5, 3.25])
+    a = _side(tmp_path / "a", {"curves": pd.DataFrame({"loss": loss, "train_seconds": [1.0, 2.0]})})
+    b = _side(tmp_path / "b", {"curves": pd.DataFrame({"loss": loss, "train_seconds": [9.0, 7.0]})})
+    assert purity.compare(a, b) == []
+    c = _side(tmp_path / "c", {"curves": pd.DataFrame({"loss": np.nextafter(loss, 10), "train_seconds": [1.0, 2.0]})})
+    assert purity.compare(a, c) == ["series/curves.parquet"]
+    d = _side(tmp_path / "d", {"curves": pd.DataFrame({"loss": loss.astype("float32"), "train_seconds": [1.0, 2.0]})})
+    assert purity.compare(a, d) == ["series/curves.parquet"]                  # a dtype change is a change
+    e = _side(tmp_path / "e", {"other": pd.DataFrame({"loss": loss})})
+    assert purity.compare(a, e) == ["series: the tables differ"]
+
+
+@pytest.fixture
+def lm_run(tmp_path, monkeypatch):
+    """A run of chapter 6's experiment whose recorded fingerprint is the current code's (as at HEAD)."""
+    if not paths.in_checkout():
+        pytest.skip("needs the git checkout")
+    run = results.open_run("lm", {"a": 1}, root=tmp_path)
+    run.write_table("t", pd.DataFrame({"x": [1.0]}))
+    run.finish(profile="cpu", seed=0, wall_time_s=1.0, code=("depthlib.lm.series:run_series",))
+    return run
+
+
+def _replay(equal: bool) -> dict:
+    head, _ = results.git_state()
+    return {"profile": "smoke", "before_commit": head, "equal": equal, "differences": [] if equal else ["x/t.parquet"],
+            "tables": 3, "rows": 10}
+
+
+def test_restamp_needs_an_equal_replay_and_a_run_fresh_before(lm_run, monkeypatch):
+    assert purity.restamp(lm_run, _replay(True)).startswith("fresh")            # nothing to do
+    monkeypatch.setattr(results.Run, "stale", property(lambda self: True))      # as after a change of its code
+    assert purity.restamp(lm_run, _replay(False)).startswith("recompute  lm/") # the replay differs
+    m = json.loads((lm_run.path / "manifest.json").read_text())
+    assert "restamped_by_replay" not in m
+    line = purity.restamp(lm_run, _replay(True))
+    assert line.startswith("restamped") and "bit-identical" in line
+    m = json.loads((lm_run.path / "manifest.json").read_text())
+    assert m["restamped_by_replay"]["equal"] and m["restamped_by_replay"]["from_fingerprint"]
+    m["code_fingerprint"] = "000000000000"                                      # not what the code was before
+    (lm_run.path / "manifest.json").write_text(json.dumps(m))
+    assert "was not fresh" in purity.restamp(lm_run, _replay(True))
+
+
+def test_the_command_refuses_bad_arguments_in_one_line(capsys):
+    assert purity.main(["lm"]) == 2 and capsys.readouterr().err.startswith("usage:")
+    assert purity.main(["--before", "HEAD", "--bogus", "lm"]) == 2
+    assert purity.main(["--before", "HEAD", "nochapter"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: no chapter 'nochapter' (have scaling, probes, toy, tracing, interventions, lm, compose)")
