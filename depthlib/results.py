@@ -297,6 +297,23 @@ def atomic_write(final: Path, write: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def atomic_folder(final: Path, write: Callable[[Path], None]) -> Path:
+    """Write a folder via a temporary sibling folder and swap it in with a rename: readers see the old folder or the
+    whole new one, never half of it; the temporary folder never outlives a failure. Returns ``final``."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        write(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def atomic_torch_save(path: Path, state: dict) -> None:
     """``torch.save`` a checkpoint atomically: a crash leaves the previous checkpoint, never a truncated one."""
     import torch

@@ -6,7 +6,6 @@ interrupted run resumes at the next batch with every finished batch kept.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from depthlib import results
 from depthlib.interventions.execute import SCORES, run_plan
 from depthlib.interventions.plan import Plan
 
@@ -28,15 +28,6 @@ class Batch(Protocol):
     def block(self, i: int, h: torch.Tensor) -> torch.Tensor: ...
 
     def score(self, h: torch.Tensor) -> dict[str, torch.Tensor]: ...
-
-
-def _save(path: Path, state: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @torch.no_grad()
@@ -79,7 +70,8 @@ def score_plans(plans: dict[str, Plan], batches: Sequence[tuple[Sequence[int], C
             bar.update(1)
         seconds += time.perf_counter() - t0
         if checkpoint is not None:
-            _save(checkpoint, {"plans": sorted(plans), "rows": rows, "next_batch": i_batch + 1, "seconds": seconds})
+            results.atomic_torch_save(checkpoint, {"plans": sorted(plans), "rows": rows, "next_batch": i_batch + 1,
+                                                   "seconds": seconds})
     bar.close()
     return pd.DataFrame(rows, columns=["plan", "doc_index", "n", *SCORES]), seconds
 

@@ -31,8 +31,6 @@ model, so the chapter can be drawn from the tables alone: the weights are not co
 """
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -204,22 +202,15 @@ def update_signatures(model, tokenizer, pieces, cfg: SeriesConfig, device: str) 
 
 def save_model(model, tokenizer, folder: Path) -> Path:
     """Save a trained member as a Hugging Face folder (weights, config, tokenizer), atomically."""
-    folder = Path(folder)
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     from transformers.utils import logging as hf_logging
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()                 # its "Writing model shards" bar is noise on stderr
     try:
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
+        return results.atomic_folder(Path(folder), lambda tmp: (model.save_pretrained(str(tmp)),
+                                                                tokenizer.save_pretrained(str(tmp))))
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 def _tokenizer(store: results.Run, cfg: SeriesConfig, train_docs):

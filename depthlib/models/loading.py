@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from depthlib.errors import InputError
 from depthlib.paths import cache_dir
+from depthlib.results import atomic_folder
 from depthlib.validate import resolve_device
 
 
@@ -118,10 +117,7 @@ def ensure_converted(name: str) -> Path:
     with _file_lock(out.parent / f".{name}.lock"):
         if (out / _CONVERTED_MARKER).exists():  # another process finished while we waited
             return out
-        tmp = out.parent / f".{name}.tmp{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
+        def convert(tmp: Path) -> None:
             gguf = _gguf_source(spec, tmp)
             import io
 
@@ -140,10 +136,7 @@ def ensure_converted(name: str) -> Path:
                 gguf.unlink()  # the assembled Gemma GGUF (253 MB) is no longer needed
             (tmp / _CONVERTED_MARKER).write_text(json.dumps(
                 {"name": name, "source": spec.pip, "gguf": spec.gguf_file, "description": spec.description}))
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        atomic_folder(out, convert)
     return out
 
 

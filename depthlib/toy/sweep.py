@@ -10,7 +10,6 @@ step) and ``signatures`` (hidden-state signatures of the trained students and of
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -139,10 +138,8 @@ def build_engine(cfg: SweepConfig, device: str = "cpu", chunk: int | None = None
 
 
 def _save_checkpoint(run: results.Run, eng: BatchedStudents, train_sum: torch.Tensor, n_sum: int) -> None:
-    path = run.path / "checkpoint.pt"
-    tmp = run.path / f"checkpoint.pt.tmp{os.getpid()}"
-    torch.save({"engine": eng.state_dict(), "train_sum": train_sum.cpu(), "n_sum": n_sum}, tmp)
-    os.replace(tmp, path)
+    results.atomic_torch_save(run.path / "checkpoint.pt",
+                              {"engine": eng.state_dict(), "train_sum": train_sum.cpu(), "n_sum": n_sum})
 
 
 def open_sweep_run(cfg: SweepConfig, allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT
