@@ -61,6 +61,19 @@ def test_registry_names_every_chapter_once_in_order():
         chapter_of("nonsense")
 
 
+def test_the_table_of_contents_lists_the_registrys_chapters_in_order():
+    """_toc.yml's chapter part is the registry's notebooks, in the registry's order (a chapter added to one and not the
+    other would be missing from the book or built without a page)."""
+    import yaml
+    root = Path(__file__).parent.parent
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    files = [entry["file"] for part in toc["parts"] for entry in part["chapters"]]
+    notebooks = [f for f in files if f.startswith("notebooks/")]
+    assert notebooks == [f"notebooks/{c.notebook}" for c in CHAPTERS]
+    pages = [f for f in files if not f.startswith("notebooks/")] + [toc["root"]]
+    assert all((root / f"{page}.md").is_file() for page in pages), pages
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_every_chapter_implements_the_contract(chapter):
     module = chapter.module
