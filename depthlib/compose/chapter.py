@@ -297,6 +297,21 @@ def describe(run: results.Run) -> dict:
             "n_held_out": c.train.n_held_out, "n_probe": c.n_probe, "n_members": len(c.units())}
 
 
+def _why_undefined(fits: pd.DataFrame, family: str, law: str) -> str:
+    """Why a family's exponent under ``law`` is not defined over replicates (``fits``:
+    :func:`depthlib.compose.analysis.fit_laws`, whose ``defined`` and ``at_bound`` decide it): too few depths for the
+    law, replicates without a fit inside the searched range, or fewer than two replicates for an interval."""
+    from depthlib.compose.analysis import MIN_POINTS
+    g = fits[(fits["family"] == family) & (fits["law"] == law)]
+    n_depths, ok, at_bound = int(g["n"].min()), int(g["defined"].sum()), int(g["at_bound"].sum())
+    if n_depths < MIN_POINTS[law]:
+        return f"{n_depths} depths (the {law.replace(' ', '-')} law needs {MIN_POINTS[law]})"
+    if ok < len(g):
+        return (f"{len(g) - ok} of {len(g)} replicates have no fit"
+                + (f" ({at_bound} at a search bound)" if at_bound else ""))
+    return f"{ok} replicate (an interval over replicates needs 2)"
+
+
 def summary(run: results.Run) -> dict:
     """The key numbers of a run: per family the held-out loss and excess per depth (mean over replicates), the depth
     exponents with their intervals over replicates, convergence, and what the run cost (a toy run: the looped
@@ -310,14 +325,20 @@ def summary(run: results.Run) -> dict:
     alphas = analysis.alpha_table(run)
     losses = analysis.loss_table(run)
     members = run.table("members")
+    fits = analysis.fit_laws(members)
     return {"run": str(run.path), **{k: d[k] for k in ("profile", "device", "grammar", "length", "families", "depths",
                                                         "seeds", "d_model", "steps", "sequences_per_member")},
             "bayes_loss": float(members["bayes"].mean()),
             "losses": {f: {int(r.depth): {"val_loss": r.val_loss, "excess": r.excess, "lo": r.excess_lo,
                                           "hi": r.excess_hi} for r in g.itertuples()}
                        for f, g in losses.groupby("family")},
-            "alpha": {f"{r.family} ({r.law})": {"value": r.value, "lo": r.lo, "hi": r.hi, "n_seeds": r.n_seeds,
-                                                "defined": r.defined} for r in alphas.itertuples()},
+            # what is a result is the chapter's ``defined`` (:func:`depthlib.compose.analysis.alpha_table`): an
+            # exponent that is not defined is printed as null, with the reason, never as a number
+            "alpha": {f"{r.family} ({r.law})": ({"value": r.value, "lo": r.lo, "hi": r.hi, "n_seeds": r.n_seeds,
+                                                 "defined": True} if r.defined else
+                                                {"value": None, "lo": None, "hi": None, "n_seeds": r.n_seeds,
+                                                 "defined": False, "reason": _why_undefined(fits, r.family, r.law)})
+                      for r in alphas.itertuples()},
             "all_converged": bool(members["converged"].all()),
             "max_rel_improvement": float(members["rel_improvement"].max()),
             "wall_time_s": run.manifest.get("wall_time_s")}

@@ -23,8 +23,8 @@ from depthlib.lm.train import TrainConfig
 #: (:func:`depthlib.results.compute_modules`: the lm package and the probes it runs).
 COMPUTE = {EXPERIMENT: "depthlib.lm.series:run_series"}
 
-__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "LMProfile", "compute", "describe", "profile_config", "replay", "runs",
-           "summary"]
+__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "LMProfile", "alpha_shown", "compute", "describe", "profile_config",
+           "replay", "runs", "summary"]
 
 
 @dataclass(frozen=True)
@@ -160,19 +160,62 @@ def chinchilla_alpha() -> dict | None:
     return {"alpha_l": float(fitted["alpha_l"]), "se": float(se) if se is not None else np.nan}
 
 
+class _SeriesAsFamily:
+    """A series seen as one family of a chapter-7 text run: the two tables
+    :func:`depthlib.compose.analysis.text_alphas` reads (``fit``: quantity, value, lo, hi, n_depths,
+    share_undefined_or_at_bound; ``members``: depth), each with a ``family`` column, so that chapter 6 decides what
+    is a result by chapter 7's rule for the same law instead of a rule of its own."""
+
+    family = "series"
+
+    def __init__(self, run: results.Run):
+        self.run = run
+
+    def table(self, name: str) -> pd.DataFrame:
+        return self.run.table({"members": "models"}.get(name, name)).assign(family=self.family)
+
+
+def alpha_shown(run: results.Run) -> dict:
+    """Whether the series' α_ℓ is a result, by chapter 7's rule (:func:`depthlib.compose.analysis.text_alphas`: five
+    depths or more, a fit, point and interval inside the searched range): ``shown`` and, when not, ``reason`` (the
+    rule's reason, the point fit at a search bound, the share of resamples undefined or at a bound)."""
+    from depthlib.compose.analysis import text_alphas
+    from depthlib.lm.analysis import point_fit
+    r = text_alphas(_SeriesAsFamily(run)).iloc[0]
+    if r.shown:
+        return {"shown": True, "reason": ""}
+    reason = r.why_not
+    if np.isfinite(r.alpha) and point_fit(run).get("at_bound", False):
+        reason += f"; the fit is at the search bound {round(float(r.alpha), 4)}"
+    n = run.table("fit").set_index("quantity").loc["alpha", "n_resamples"]
+    reason += (f"; {100 * float(r.share_undefined_or_at_bound):.3g} % of the {int(n)} resamples are undefined or at "
+               "a search bound")
+    return {"shown": False, "reason": reason}
+
+
+def _fit_parameter(value: dict | None, shown: dict, name: str) -> dict | None:
+    """A fitted parameter as the summary prints it: its value and interval when α_ℓ is a result, else nulls and why."""
+    if shown["shown"]:
+        return value
+    why = shown["reason"] if name == "alpha_l" else f"from the same fit as alpha_l, which is not shown ({shown['reason']})"
+    return {"value": None, "lo": None, "hi": None, "reason": why}
+
+
 def summary(run: results.Run) -> dict:
-    """The key numbers of a series: the held-out losses, the fit L = L∞ + c·ℓ^(−α_ℓ) with its bootstrap interval,
+    """The key numbers of a series: the held-out losses, the fit L = L∞ + c·ℓ^(−α_ℓ) with its bootstrap interval
+    (when α_ℓ is not a result — chapter 7's rule, :func:`alpha_shown` — its parameters are null, with the reason),
     the middle-angle exponent, what the run cost and where its trained models are (Hugging Face folders in the local
     cache)."""
     m, s = run.manifest, run.manifest.get("summary", {})
     d = describe(run)
     boot = s.get("bootstrap", {})
+    shown = alpha_shown(run)
     return {"run": str(run.path), **{k: d[k] for k in (
                 "profile", "device", "arch", "d_model", "context", "vocab_size", "depths", "seeds", "steps",
                 "train_tokens", "held_out_documents")},
             "tokens_per_model": s.get("tokens_per_model"), "val_loss": s.get("val_loss"),
-            "fit": {"law": "L = L_inf + c_l * depth^-alpha_l", "alpha_l": s.get("alpha_l"), "L_inf": s.get("L_inf"),
-                    "c_l": s.get("c_l"),
+            "fit": {"law": "L = L_inf + c_l * depth^-alpha_l",
+                    **{k: _fit_parameter(s.get(k), shown, k) for k in ("alpha_l", "L_inf", "c_l")},
                     "interval": f"95% percentile, paired bootstrap over held-out documents "
                                 f"({boot.get('n_resamples')} resamples)",
                     "share_undefined_or_at_bound": boot.get("share_undefined_or_at_bound")},

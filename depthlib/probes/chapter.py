@@ -7,8 +7,9 @@ per weight-noise level of the sensitivity check, ``sensitivity ε=<ε>``), ``com
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -82,7 +83,7 @@ def _chapter_run(profile: str, model: str, weight_noise: float | None, rerun: bo
     corpus, n_docs, config = _spec(profile, model, weight_noise)
     return results.chapter_run(
         experiment_name(model), profile,
-        lambda: run_probe(model, corpus, n_docs, config, profile=profile, progress=progress),
+        lambda: _checked(lambda: run_probe(model, corpus, n_docs, config, profile=profile, progress=progress)),
         expected_config=expected, rerun=rerun)
 
 
@@ -156,14 +157,82 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeCon
     if executor is None or executor.kind == "serial":
         folder = open_probe_run(model, corpus, n_docs, cfg).path
         with results.guarding(folder, f"finished documents are checkpointed in {folder} (every 4 batches)"):
-            return run_probe(model, corpus, n_docs, cfg, profile=profile, progress=progress, force=force)
+            return _checked(lambda: run_probe(model, corpus, n_docs, cfg, profile=profile, progress=progress,
+                                              force=force))
     if force:
         raise InputError("--force works with --executor serial only")
     from depthlib.probes import shards as sharding
     n = validate.int_in_range("--shards", shards if shards is not None else executor.jobs, 1)
     folder = paths.local_results_dir() / SHARD_EXPERIMENT
     with results.guarding(folder, f"finished shards and their checkpoints are under {folder}"):
-        return sharding.run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile)
+        return _checked(lambda: sharding.run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile))
+
+
+def _checked(compute_run: Callable[[], results.Run]) -> results.Run:
+    """``compute_run()`` passed through :func:`check_finite`. The warnings raised meanwhile are said once the run is
+    found finite: a run whose hidden states overflow ends with its one error line, not with the warnings about NaN
+    that follow from the overflow (a mean of inf − inf, a summary stored as null)."""
+    from depthlib.finite import NonFiniteError
+    said: list = []
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            run = compute_run()
+        return check_finite(run)
+    except NonFiniteError:
+        said = []
+        raise
+    finally:
+        for w in said:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+
+def non_finite_from(run: results.Run) -> str | None:
+    """Where a probe run's hidden states stop being finite, in words (``the token embedding``, ``block i``:
+    0-indexed as ``model.layers``; ``""`` where the tables do not tell), or None when every number the chapter's
+    analysis reads is finite: the mean angle θ(h_l, h_{l+1}) and norm |h_l| per layer (``layers``) and the angle
+    trajectories of the token sample (``tokens``). Finite weights can still give hidden states whose squared norm
+    overflows float32 (the metrics' precision): every angle from there on is NaN."""
+    layers = run.table("layers")
+    bad = layers[layers["metric"].isin(("norms", "theta")) & ~np.isfinite(layers["mean"].to_numpy(float))]
+    tokens = run.table("tokens")
+    cols = sorted((c for c in tokens.columns if c.startswith("theta_")), key=lambda c: int(c.split("_")[1]))
+    bad_cols = [c for c in cols if not np.isfinite(tokens[c].to_numpy(float)).all()]
+    if bad.empty and not bad_cols:
+        return None
+    norms = bad.loc[bad["metric"] == "norms", "layer"]
+    if len(norms):                                   # h_0 is the embedding, h_l (l ≥ 1) the output of block l − 1
+        first = int(norms.min())
+        return "the token embedding" if first == 0 else f"block {first - 1}"
+    theta = [int(v) for v in bad.loc[bad["metric"] == "theta", "layer"]] + [int(c.split("_")[1]) for c in bad_cols]
+    return f"block {min(theta)}" if theta else ""
+
+
+def check_finite(run: results.Run, *, delete: bool = True) -> results.Run:
+    """``run`` if :func:`non_finite_from` finds its tables finite; else :class:`depthlib.finite.NonFiniteError` (one
+    line: the model, and the block whose output first overflows), after deleting the run's local folder and those of
+    its shards (never a committed run) with ``delete``, so that no rerun loads it as complete."""
+    import shutil
+
+    from depthlib import paths
+    from depthlib.finite import NonFiniteError
+    where = non_finite_from(run)
+    if where is None:
+        return run
+    model = run.config.get("model") or run.manifest.get("model")
+    kept = "this committed run is kept"
+    if delete and not run.committed:
+        local = paths.local_results_dir()
+        for folder in [run.path, *(local / s for s in run.manifest.get("shards", []))]:
+            if folder.is_dir() and folder.resolve().is_relative_to(local.resolve()):
+                shutil.rmtree(folder)
+        kept = "nothing was cached"
+    elif not run.committed:
+        kept = f"the run is in {run.path}"
+    raise NonFiniteError(f"model {model!r}: its hidden states overflow float32"
+                         + (f" from the output of {where} on" if where else "")
+                         + " (their squared norm is beyond float32's 3.4e38, so no angle between them is defined); "
+                         + kept)
 
 
 def describe(run: results.Run) -> dict:
@@ -177,6 +246,7 @@ def describe(run: results.Run) -> dict:
 def summary(run: results.Run) -> dict:
     """The key numbers of a probe run (its manifest's summary) and the trajectory clusters of its token sample."""
     from depthlib.probes import trajectory
+    check_finite(run, delete=False)
     out = {k: v for k, v in run.manifest.get("summary", {}).items() if k not in ("probe_seconds", "vocab_size")}
     tokens = run.table("tokens")
     analysis = trajectory.analyze_trajectories(trajectory.theta_matrix(tokens))

@@ -309,7 +309,7 @@ def summary(run: results.Run) -> dict:
     run: α_ℓ per teacher and T across replicates, the paired tied − independent difference, how many converged)."""
     if run.experiment == CONVERGED_EXPERIMENT:
         table, sep, best = run.table("alpha_summary"), run.table("separation").iloc[0], run.table("best")
-        return {"run": str(run.path), "wall_time_s": run.manifest.get("wall_time_s"),
+        return {"run": str(run.path), **converged_wall_times(run),
                 "alpha": [{"teacher": r.teacher, "temperature": r.temperature, "alpha": _rounded(r.alpha),
                            "lo": _rounded(r.lo), "hi": _rounded(r.hi), "replicates": int(r.replicates)}
                           for r in table.itertuples()],
@@ -323,6 +323,20 @@ def summary(run: results.Run) -> dict:
             "interval": str(alpha["interval"].iloc[0]) if len(alpha) else None,
             "throughput": {"model_steps_per_s": m.get("model_steps_per_s"), "gflop_per_s": m.get("gflop_per_s"),
                            "wall_time_s": m.get("wall_time_s")}}
+
+
+def converged_wall_times(run: results.Run) -> dict:
+    """The wall times of a converged-protocol run, in seconds: ``wall_time_s`` the whole run (units and merge, as its
+    manifest records it), ``unit_wall_time_s`` its units' added up, ``merge_wall_time_s`` the merge (None where not
+    recorded: runs merged before it was). A run merged by code that timed only the merge recorded less than its
+    longest unit as its wall time: that is its merge, and the units are added to it."""
+    m = run.manifest
+    total, merge = m.get("wall_time_s"), m.get("merge_wall_time_s")
+    walls = [float(u.get("wall_time_s") or 0.0) for u in m.get("units", {}).values()]
+    units = m.get("unit_wall_time_s", sum(walls))
+    if merge is None and total is not None and walls and total < max(walls):
+        merge, total = total, round(units + total, 3)
+    return {"wall_time_s": total, "unit_wall_time_s": units, "merge_wall_time_s": merge}
 
 
 def calibration_pair_summary(runs: dict[str, results.Run]) -> dict:
@@ -394,10 +408,33 @@ def train_converged_unit(config: dict, cell: dict, device: str = "cpu", progress
     return str(run.path)
 
 
-def merge_converged(cfg: converged.ConvergedConfig, unit_runs: list[results.Run]) -> results.Run:
+def _units_wall_time(unit_runs: list[results.Run], started: float | None) -> float:
+    """Wall time of the protocol's units, in seconds: since ``started`` (``time.time()`` when the command began them;
+    units that ran side by side count once) plus the recorded wall time of every unit finished before it (an earlier
+    command's); without ``started``, the units' wall times one after another."""
+    import time
+    walls = [(r, float(r.manifest.get("wall_time_s") or 0.0)) for r in unit_runs]
+    if started is None:
+        return sum(w for _, w in walls)
+    earlier = sum(w for r, w in walls if (r.path / "manifest.json").stat().st_mtime < started)
+    return max(time.time() - started, 0.0) + earlier
+
+
+def merge_converged(cfg: converged.ConvergedConfig, unit_runs: list[results.Run],
+                    started: float | None = None) -> results.Run:
     """The protocol's run: every unit's students (``converged``: one row per student and route), their curves, the
     best route per student (``best``), α_ℓ per replicate and across replicates (``alpha``, ``alpha_summary``),
-    local slopes and the paired tied − independent difference at T = 1 (``separation``)."""
+    local slopes and the paired tied − independent difference at T = 1 (``separation``).
+
+    Its manifest's ``wall_time_s`` is the whole run's: the units' (:func:`_units_wall_time`; ``started``: when the
+    command began them), recorded as the earlier segments of the run, plus the merge (``merge_wall_time_s``);
+    ``unit_wall_time_s`` is the units' wall times added up (more than the wall time when they ran side by side)."""
+    run = results.prepare_run(results.open_run(CONVERGED_EXPERIMENT, cfg.to_dict()))
+    before = None
+    if not run.complete:             # the units are this run's earlier segments: the lifecycle adds the merge to them
+        before = round(_units_wall_time(unit_runs, started), 3)
+        run.path.mkdir(parents=True, exist_ok=True)
+        run.record_elapsed(before)
     with results.computing(CONVERGED_EXPERIMENT, cfg.to_dict(), profile=cfg.profile,
                            code=(COMPUTE[CONVERGED_EXPERIMENT],), seed=cfg.seed, device="cpu") as job:
         if job.complete:
@@ -415,7 +452,8 @@ def merge_converged(cfg: converged.ConvergedConfig, unit_runs: list[results.Run]
         run.write_table("separation", pd.DataFrame([converged.separation(per)]))
         units = {r.path.name: {"cell": r.manifest.get("cell"), "wall_time_s": r.manifest.get("wall_time_s"),
                                "torch_threads": r.manifest.get("torch_threads")} for r in unit_runs}
-        job.record(units=units, unit_wall_time_s=sum(u["wall_time_s"] or 0 for u in units.values()))
+        job.record(units=units, unit_wall_time_s=round(sum(u["wall_time_s"] or 0 for u in units.values()), 3),
+                   merge_wall_time_s=round(max(job.elapsed - (before or 0.0), 0.0), 3))
     return run
 
 
@@ -424,18 +462,20 @@ def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = 
     there is none, its units (one per teacher, temperature and replicate; tied ones first, they take longest) run
     now on ``executor`` (default: one process per core, each on one torch thread — the measured-fast layout)."""
     import os
+    import time
 
     from depthlib import executors
     results.check_profile(profile)
     cfg = PROFILES[profile].converged
 
     def make() -> results.Run:
+        started = time.time()
         cells = sorted(cfg.units(), key=lambda c: (-c["rho"], -c["temperature"], c["replicate"]))
         units = [executors.Unit(_unit_label(c), "depthlib.toy.chapter:train_converged_unit",
                                 {"config": cfg.to_dict(), "cell": c, "device": device}) for c in cells]
         ex = executor or executors.ExecutorConfig("joblib", jobs=max(1, min(os.cpu_count() or 1, len(units))),
                                                   threads=1)
-        return merge_converged(cfg, executors.finished_runs(units, ex, f"converged protocol ({profile})"))
+        return merge_converged(cfg, executors.finished_runs(units, ex, f"converged protocol ({profile})"), started)
 
     return results.chapter_run(CONVERGED_EXPERIMENT, profile, make, rerun=rerun,
                                expected_config=lambda p: PROFILES[p].converged.to_dict() if p in PROFILES else None)
