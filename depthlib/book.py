@@ -319,6 +319,18 @@ def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: 
     return stage
 
 
+def _check_writable(out: Path) -> None:
+    """InputError naming the build folder (``--out``) if it cannot be written, before any notebook is executed."""
+    probe = out / f".write-test{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise InputError(f"cannot write the book's build folder --out {out}: {err.strerror or err}; "
+                         "choose a writable folder with --out") from None
+
+
 def build_book(profile: str = "cpu", out: str | Path = "_build", only: list[str] | None = None,
                rerun: bool = False) -> Path:
     """Execute the notebooks on ``profile`` and build the HTML book; returns the HTML folder ``<out>/html``.
@@ -328,6 +340,7 @@ def build_book(profile: str = "cpu", out: str | Path = "_build", only: list[str]
     out = Path(out)
     if not out.is_absolute():
         out = REPO_ROOT / out
+    _check_writable(out)
     stage = stage_book(profile, out / "stage", only, rerun=rerun)
     jb = shutil.which("jupyter-book", path=str(Path(sys.executable).parent))
     cmd = [jb] if jb else [sys.executable, "-m", "jupyter_book"]

@@ -561,24 +561,28 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def _environment_error(err: BaseException) -> str:
-    """An OS failure (read-only or full cache, missing permission) as one line naming the file or folder."""
+    """An OS failure (read-only or full cache, missing permission) as one line naming the file or folder by its full
+    path; the hint points at ``DEPTHLIB_CACHE_DIR`` only when that file or folder is in the cache."""
+    from depthlib import paths
     name = getattr(err, "filename", None)
-    where = Path(name) if name else None
+    where = Path(os.path.abspath(name)) if name else None
     if where is not None and ".tmp" in where.name:
         where = where.parent              # an atomic write's temporary file: name the folder it was writing to
+    in_cache = where is None or where.resolve().is_relative_to(paths.cache_dir().resolve())
+    move = "point DEPTHLIB_CACHE_DIR at a writable folder" if in_cache else "make it writable or write elsewhere"
     code = getattr(err, "errno", None)
     if code == errno.ENOSPC or "No space left" in str(err):
         what = "the disk is full"
-        hint = "free some space, or point DEPTHLIB_CACHE_DIR at another disk"
+        hint = "free some space" + (", or point DEPTHLIB_CACHE_DIR at another disk" if in_cache else "")
     elif code == errno.EROFS:
-        what, hint = "read-only file system", "point DEPTHLIB_CACHE_DIR at a writable folder"
+        what, hint = "read-only file system", move
     elif code in (errno.EACCES, errno.EPERM):
         place = f" {where}" if where is not None else ""
-        return (f"cannot access{place}: permission denied; check its permissions (for the cache: point "
-                "DEPTHLIB_CACHE_DIR at a writable folder)")
+        return (f"cannot access{place}: permission denied; check its permissions"
+                + (" (for the cache: point DEPTHLIB_CACHE_DIR at a writable folder)" if in_cache else ""))
     else:
         what = getattr(err, "strerror", None) or str(err).splitlines()[0]
-        hint = "point DEPTHLIB_CACHE_DIR at a writable folder"
+        hint = move
     place = f" {where}" if where is not None else " the cache"
     return f"cannot write{place}: {what}; {hint}"
 

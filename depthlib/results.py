@@ -293,6 +293,10 @@ def atomic_write(final: Path, write: Callable[[Path], None]) -> None:
     try:
         write(tmp)
         os.replace(tmp, final)
+    except OSError as err:
+        if err.filename is None and err.errno:   # pyarrow names no file: name the one that could not be written
+            raise OSError(err.errno, err.strerror or str(err), str(final)) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -893,7 +897,10 @@ def commit_run(run: Run, dest: Path | None = None, omit: Sequence[str] = ()) -> 
     dest_root = dest or paths.committed_results_dir()
     if dest_root is None:
         raise InputError("no data/results folder here (not a checkout): set DEPTHLIB_RESULTS_DIR")
-    target = Path(dest_root) / run.experiment / run.key
+    # named by the manifest's experiment: a run found under a former name (a local cache from before a rename)
+    target = Path(dest_root) / (run.manifest.get("experiment") or run.experiment) / run.key
+    if target.resolve() == run.path.resolve():
+        raise InputError(f"run {run.path} is already committed")
     target.mkdir(parents=True, exist_ok=True)
     manifest = run.manifest
     unknown = set(omit) - set(manifest.get("tables", {}))
@@ -1032,54 +1039,83 @@ def locate(run: Run) -> str | None:
 USAGE = ("usage: python -m depthlib.results commit RUN_FOLDER [RUN_FOLDER ...]\n"
          "       python -m depthlib.results restamp [--dry-run] [RUN_FOLDER ...]   (default: every committed run)\n"
          "       python -m depthlib.results locate [RUN_FOLDER ...]   (default: committed runs made with local edits)")
+#: the options each subcommand takes
+_OPTIONS = {"commit": (), "restamp": ("--dry-run",), "locate": ()}
+
+
+def _finished(path: Path) -> Run:
+    """The finished run in the folder ``path``, else InputError (CorruptRunError) saying in one line what is wrong."""
+    if not path.is_dir():
+        raise InputError(f"no run folder at {path}")
+    run = Run.load(path)
+    if not run.complete:
+        raise InputError(f"run {path} is not finished (no complete manifest): compute it to the end first")
+    return run
+
+
+def _committed_folders() -> list[Path]:
+    root = paths.committed_results_dir()
+    return sorted(p.parent for p in root.glob("*/*/manifest.json")) if root is not None else []
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m depthlib.results commit RUN_FOLDER ...`` copies finished local runs into ``data/results``;
     ``python -m depthlib.results restamp`` moves committed runs to the derived code rule (:func:`restamp`) and prints
-    one line per run: derived, restamped or recompute, with the reason."""
+    one line per run: derived, restamped or recompute, with the reason; ``locate`` names the commit holding the code
+    of runs computed with local edits (:func:`locate`). A failure is one line ``error: ...`` and exit status 2."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["locate"]:
-        folders = [Path(a) for a in argv[1:]]
-        if not folders:
-            root = paths.committed_results_dir()
-            folders = sorted(p.parent for p in root.glob("*/*/manifest.json")) if root is not None else []
-        missing = 0
-        for path in folders:
-            run = Run.load(path)
-            if not run.manifest.get("git_dirty"):
-                continue
-            found = locate(run)
-            missing += found is None
-            print(f"{path.parent.name}/{path.name}: computed at {run.manifest.get('git_sha')} with local edits; "
-                  + (f"its code is commit {found}'s" if found else "no commit holds its code: recompute it"))
-        return 1 if missing else 0
-    if argv[:1] == ["restamp"]:
-        dry = "--dry-run" in argv
-        folders = [Path(a) for a in argv[1:] if a != "--dry-run"]
-        if not folders:
-            root = paths.committed_results_dir()
-            folders = sorted(p.parent for p in root.glob("*/*/manifest.json")) if root is not None else []
-        to_recompute = 0
-        for path in folders:
-            verdict, reason = restamp(Run.load(path), write=not dry)
-            to_recompute += verdict == "recompute"
-            print(f"{verdict:10s} {path.parent.name}/{path.name}: {reason}")
-        return 1 if to_recompute else 0
-    if len(argv) < 2 or argv[0] != "commit":
-        print(USAGE, file=sys.stderr)
+    if {"-h", "--help"} & set(argv):
+        print(USAGE)
+        return 0
+    command, args = (argv[0], argv[1:]) if argv else ("", [])
+    usage = next((line.strip().removeprefix("usage: ") for line in USAGE.splitlines()
+                  if command in _OPTIONS and f" {command} " in line),
+                 "python -m depthlib.results commit|restamp|locate ... (--help for more)")
+    unknown = [a for a in args if a.startswith("-") and a not in _OPTIONS.get(command, ())]
+    if command not in _OPTIONS:
+        why = f"unknown command {command!r}" if command else "no command"
+    elif unknown:
+        why = f"{command}: unknown option {unknown[0]}"
+    else:
+        why = "commit: name the run folder(s) to commit" if command == "commit" and not args else None
+    if why:
+        print(f"error: {why} (usage: {' '.join(usage.split())})", file=sys.stderr)
         return 2
-    for folder in argv[1:]:
-        path = Path(folder)
-        try:
-            run = Run.load(path)
-            if run.stale:
-                raise InputError(f"run {path} was computed by code other than the current code; recompute it first")
-            print(commit_run(run.validate()))
-        except InputError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    return 0
+    folders = [Path(a) for a in args if not a.startswith("-")]
+    failed = located = 0
+    try:
+        for path in folders or (_committed_folders() if command != "commit" else []):
+            run = _finished(path)
+            name = f"{path.parent.name}/{path.name}"
+            if command == "commit":
+                if run.committed:
+                    print(f"already committed: {path}")
+                elif run.stale:
+                    raise InputError(f"run {path} was computed by code other than the current code; "
+                                     "recompute it first")
+                else:
+                    print(commit_run(run.validate()))
+            elif command == "restamp":
+                verdict, reason = restamp(run, write="--dry-run" not in args)
+                failed += verdict == "recompute"
+                print(f"{verdict:10s} {name}: {reason}")
+            elif run.manifest.get("git_dirty"):
+                found = locate(run)
+                failed, located = failed + (found is None), located + 1
+                print(f"{name}: computed at {run.manifest.get('git_sha')} with local edits; "
+                      + (f"its code is commit {found}'s" if found else "no commit holds its code: recompute it"))
+            elif folders:                      # by default only the runs made with local edits are listed
+                print(f"{name}: not computed with local edits (its commit "
+                      f"{run.manifest.get('git_sha') or '(unrecorded)'} holds its code): nothing to locate")
+        if command == "locate" and not folders and not located:
+            print("no committed run was computed with local edits: nothing to locate")
+    except InputError as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {command} failed on {err.filename or 'a run folder'}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
