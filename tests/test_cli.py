@@ -361,7 +361,7 @@ def test_probe_truncated_manifest_is_recomputed_also_with_force(tiny_folders, ca
         manifest.write_text(manifest.read_text()[:40])
         again, err = _probe(capsys, monkeypatch, tiny_folders / "a", *extra)
         assert again == first
-        assert (f"corrupt run {manifest.parent}: its manifest.json is unreadable" in err
+        assert (f"damaged run {manifest.parent}: removed its manifest (its manifest.json is unreadable)" in err
                 or f"--force: deleting the cached run {manifest.parent}" in err)
 
 
@@ -370,7 +370,7 @@ def test_probe_truncated_table_is_recomputed(tiny_folders, cache, capsys, monkey
     (table,) = cache.glob("probes-m/*/tokens.parquet")
     table.write_bytes(table.read_bytes()[:100])
     again, err = _probe(capsys, monkeypatch, tiny_folders / "a")
-    assert again == first and f"corrupt run {table.parent}: table tokens fails its checksum" in err
+    assert again == first and f"damaged run {table.parent}: removed table tokens (it failed its checksum)" in err
 
 
 def _partial_toy(steps=60, stop=40):
@@ -395,7 +395,8 @@ def test_toy_garbled_curve_table_is_found_before_training(cache, capsys):
     data[10:60] = b"x" * 50
     table.write_bytes(bytes(data))
     out, err = _ok(capsys, ["toy", "--steps", "60", "--json"])
-    assert f"[depthlib] corrupt run {folder}: table curve_0000020 is unreadable; deleting it and recomputing" in err
+    assert f"[depthlib] damaged run {folder}: removed the unreadable table curve_0000020.parquet" in err
+    assert "the evaluation at step 20 is missing" in err and "training again from step 0" in err
     out2, err2 = _ok(capsys, ["toy", "--steps", "60", "--json"])     # and the rerun simply loads it
     assert out2["alpha"] == out["alpha"] and "corrupt" not in err2
 
@@ -405,7 +406,7 @@ def test_toy_truncated_checkpoint_is_one_line_and_restarts(cache, capsys):
     ckpt = folder / "checkpoint.pt"
     ckpt.write_bytes(ckpt.read_bytes()[:1000])
     out, err = _ok(capsys, ["toy", "--steps", "60", "--json"])
-    assert f"[depthlib] corrupt run {folder}: checkpoint.pt is unreadable" in err
+    assert f"[depthlib] damaged run {folder}: removed the unreadable checkpoint checkpoint.pt;" in err
     assert all(a["alpha"] is None or math.isfinite(a["alpha"]) for a in out["alpha"])
 
 

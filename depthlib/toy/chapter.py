@@ -23,7 +23,6 @@ from depthlib.toy.sweep import (
     SweepConfig,
     build_engine,
     grid,
-    open_sweep_run,
     run_sweep,
 )
 
@@ -128,22 +127,17 @@ def calibration_config(profile: str, kind: str) -> SweepConfig:
 
 def compute(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
             allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT, executor=None) -> results.Run:
-    """Train (or resume, or load) a sweep, checking its run folder first (:func:`depthlib.results.prepare_run`):
-    a partial run with an unreadable curve table or ``checkpoint.pt`` (or a finished run whose manifest or tables
-    do not read or fail their checksums) is reported in one stderr line naming its folder, deleted and restarted,
-    instead of failing after all the remaining training; ``force`` deletes the run first. Temporary files a crash
-    left in the folder (e.g. a checkpoint cut short by a full disk) are removed. (The sweep's own lifecycle is
-    :func:`depthlib.toy.sweep.run_sweep`'s.) With an :class:`~depthlib.executors.ExecutorConfig` other than serial,
-    the phase-diagram sweep is trained as one shard per ρ (:mod:`depthlib.toy.shards`)."""
+    """Train (or resume, or load) a sweep (:func:`depthlib.toy.sweep.run_sweep`, through the one run lifecycle: a
+    damaged folder is repaired, losing only what is unreadable; ``force`` deletes the run first). With an
+    :class:`~depthlib.executors.ExecutorConfig` other than serial, the phase-diagram sweep is trained as one shard
+    per ρ (:mod:`depthlib.toy.shards`)."""
     if executor is not None and executor.kind != "serial" and experiment == EXPERIMENT:
         if force or allow_tf32:
             raise InputError("--force and --tf32 work with --executor serial only")
         from depthlib.toy import shards
         return shards.run_sharded(cfg, executor, device)
-    run = results.prepare_run(open_sweep_run(cfg, allow_tf32, root, experiment), force=force,
-                              checkpoints=("checkpoint.pt",))
-    with results.guarding(run.path, f"the sweep's last checkpoint (every evaluation on the CPU) is in {run.path}"):
-        return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root, experiment=experiment)
+    return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root, experiment=experiment,
+                     force=force)
 
 
 def sweep_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None,

@@ -35,8 +35,6 @@ from depthlib.toy.models import (
 from depthlib.validate import distinct, finite, int_in_range, resolve_device
 
 EXPERIMENT = "toy"
-#: The modules whose code decides a sweep's numbers (its manifest records their fingerprint).
-CODE = ("depthlib.toy.models", "depthlib.toy.engine", "depthlib.toy.sweep", "depthlib.toy.analysis", "depthlib.measures")
 #: Deepest student or teacher accepted (the paper goes to 128; memory grows linearly with depth).
 MAX_DEPTH = 4096
 TEACHER_NORMS = ("paper", "displacement")
@@ -154,78 +152,88 @@ def open_sweep_run(cfg: SweepConfig, allow_tf32: bool = False, root=None, experi
 
 def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, chunk: int | None = None,
               allow_tf32: bool = False, stop_at_step: int | None = None, checkpoint_every: int | None = None,
-              root=None, experiment: str = EXPERIMENT) -> results.Run | None:
-    """Run (or resume, or load) a sweep; returns the complete run.
+              root=None, experiment: str = EXPERIMENT, force: bool = False) -> results.Run | None:
+    """Run (or resume, or load) a sweep; returns the complete run. Its lifecycle (opening, repairing a damaged
+    folder, ``force``, timing across resumes, the manifest, Ctrl-C) is :func:`depthlib.results.computing`'s.
 
     A checkpoint (weights, Adam moments, generator states) is saved every ``checkpoint_every`` steps (default:
     every evaluation on the CPU; every 10th on CUDA, where a checkpoint of a paper sweep is ~2 GB); a resumed
     run restarts from the last one, and recomputes identically the few evaluations after it, if any.
     ``stop_at_step`` interrupts the run after the evaluation at that step (for tests) and returns None."""
-    run = open_sweep_run(cfg, allow_tf32, root, experiment)
-    if run.complete:
-        return run
-    t_start = time.perf_counter()
-    eng, students, teachers = build_engine(cfg, device, chunk, allow_tf32)
-    if checkpoint_every is None:
-        checkpoint_every = cfg.eval_every * (1 if eng.device.type == "cpu" else 10)
-    train_sum, n_sum = torch.zeros(eng.K, dtype=torch.float64, device=eng.device), 0
-    ckpt = run.path / "checkpoint.pt"
-    start = 0
-    before = run.elapsed_before() if ckpt.exists() else 0.0
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        eng.load_state_dict(state["engine"])
-        train_sum, n_sum = state["train_sum"].to(eng.device), state["n_sum"]
-        start = eng.step_count
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=cfg.steps, initial=start, desc=f"toy {cfg.profile} ({eng.K} students)", unit="step",
-                   file=sys.stderr, dynamic_ncols=True)
-    t_loop = time.perf_counter()
-    for step in range(start, cfg.steps):
-        train_sum += eng.step().double()
-        n_sum += 1
-        done = step + 1
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            test = eng.evaluate().cpu().numpy()
-            table = students.assign(step=done, train_loss=(train_sum / n_sum).cpu().numpy(), test_loss=test)
-            run.write_table(f"curve_{done:07d}", table)
-            train_sum.zero_()
-            n_sum = 0
-            if done % checkpoint_every == 0 or done == cfg.steps or done == stop_at_step:
-                _save_checkpoint(run, eng, train_sum, n_sum)
-                run.record_elapsed(before + time.perf_counter() - t_start)
-            if stop_at_step is not None and done >= stop_at_step:
-                if bar is not None:
-                    bar.close()
-                return None
+    config = cfg.validate().to_dict()
+    if allow_tf32:
+        config["tf32"] = True                                  # TF32 changes the numbers: its own cache entry
+    with results.computing(experiment, config, profile=cfg.profile, code=(f"{__name__}:run_sweep",), seed=cfg.seed,
+                           device=str(resolve_device(device)), force=force, root=root, checkpoints=("checkpoint.pt",),
+                           saves="the sweep's last checkpoint (every evaluation on the CPU) is in {folder}") as job:
+        if job.complete:
+            return job.run
+        run = job.run
+        eng, students, teachers = build_engine(cfg, device, chunk, allow_tf32)
+        if checkpoint_every is None:
+            checkpoint_every = cfg.eval_every * (1 if eng.device.type == "cpu" else 10)
+        train_sum, n_sum = torch.zeros(eng.K, dtype=torch.float64, device=eng.device), 0
+        ckpt = run.path / "checkpoint.pt"
+        start = 0
+        if ckpt.exists():
+            state = torch.load(ckpt, weights_only=False)
+            eng.load_state_dict(state["engine"])
+            train_sum, n_sum = state["train_sum"].to(eng.device), state["n_sum"]
+            start = eng.step_count
+            lost = [s for s in range(cfg.eval_every, start + 1, cfg.eval_every) if not run.has(f"curve_{s:07d}")]
+            if lost:       # an evaluation before the checkpoint is gone (e.g. removed as unreadable): start again
+                print(f"[depthlib] {run.path}: the evaluation at step {lost[0]} is missing, so the checkpoint at step "
+                      f"{start} cannot complete the curves; training again from step 0", file=sys.stderr)
+                ckpt.unlink()
+                for name in run.tables("curve_"):
+                    run.table_path(name).unlink()
+                eng, students, teachers = build_engine(cfg, device, chunk, allow_tf32)
+                train_sum, n_sum, start = torch.zeros(eng.K, dtype=torch.float64, device=eng.device), 0, 0
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=cfg.steps, initial=start, desc=f"toy {cfg.profile} ({eng.K} students)", unit="step",
+                       file=sys.stderr, dynamic_ncols=True)
+        t_loop = time.perf_counter()
+        for step in range(start, cfg.steps):
+            train_sum += eng.step().double()
+            n_sum += 1
+            done = step + 1
+            if done % cfg.eval_every == 0 or done == cfg.steps:
+                test = eng.evaluate().cpu().numpy()
+                table = students.assign(step=done, train_loss=(train_sum / n_sum).cpu().numpy(), test_loss=test)
+                run.write_table(f"curve_{done:07d}", table)
+                train_sum.zero_()
+                n_sum = 0
+                if done % checkpoint_every == 0 or done == cfg.steps or done == stop_at_step:
+                    _save_checkpoint(run, eng, train_sum, n_sum)
+                    job.save_progress()
+                if stop_at_step is not None and done >= stop_at_step:
+                    if bar is not None:
+                        bar.close()
+                    job.stop()
+                    return None
+            if bar is not None:
+                bar.update(1)
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    loop_s = time.perf_counter() - t_loop
-    trained = cfg.steps - start
-    curves = pd.concat([run.table(n) for n in run.tables("curve_")], ignore_index=True)
-    run.write_table("curves", curves)
-    run.write_table("alpha", analysis.final_alpha(curves))
-    run.write_table("alpha_steps", analysis.alpha_table(curves))
-    sig, lag = student_signatures(eng, students, teachers, cfg)
-    run.write_table("signatures", sig)
-    run.write_table("lag_cos", lag)
-    run.write_table("teachers", teacher_table(teachers, eng.streams, cfg))
-    throughput = {"steps_trained_this_call": trained, "resumed_from_step": start,
-                  "model_steps_per_s": round(eng.K * trained / loop_s, 3) if trained else None,
-                  "gflop_per_s": round(eng.flops_per_step() * trained / loop_s / 1e9, 2) if trained else None,
-                  "flop_total": eng.flops_per_step() * cfg.steps,
-                  "torch_threads": torch.get_num_threads()}
-    for name in run.tables("curve_"):              # per-evaluation scratch, now all in ``curves``
-        run.table_path(name).unlink()
-    run.finish(profile=cfg.profile, seed=cfg.seed, wall_time_s=before + time.perf_counter() - t_start,
-               device=str(eng.device), code=CODE, n_students=eng.K, **throughput)
-    ckpt.unlink(missing_ok=True)
-    (run.path / "progress.json").unlink(missing_ok=True)
-    return run
+            bar.close()
+        loop_s = time.perf_counter() - t_loop
+        trained = cfg.steps - start
+        curves = pd.concat([run.table(n) for n in run.tables("curve_")], ignore_index=True)
+        run.write_table("curves", curves)
+        run.write_table("alpha", analysis.final_alpha(curves))
+        run.write_table("alpha_steps", analysis.alpha_table(curves))
+        sig, lag = student_signatures(eng, students, teachers, cfg)
+        run.write_table("signatures", sig)
+        run.write_table("lag_cos", lag)
+        run.write_table("teachers", teacher_table(teachers, eng.streams, cfg))
+        for name in run.tables("curve_"):              # per-evaluation scratch, now all in ``curves``
+            run.table_path(name).unlink()
+        job.record(n_students=eng.K, steps_trained_this_call=trained, resumed_from_step=start,
+                   model_steps_per_s=round(eng.K * trained / loop_s, 3) if trained else None,
+                   gflop_per_s=round(eng.flops_per_step() * trained / loop_s / 1e9, 2) if trained else None,
+                   flop_total=eng.flops_per_step() * cfg.steps, torch_threads=torch.get_num_threads())
+    return job.run
 
 
 def student_signatures(eng: BatchedStudents, students: pd.DataFrame, teachers: list, cfg: SweepConfig
