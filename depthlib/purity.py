@@ -141,7 +141,7 @@ def _fresh_at(run: results.Run, commit: str) -> bool:
     import hashlib
     h = hashlib.sha256()
     for module in sorted(set(run.manifest.get("code_modules") or [])):
-        digest = results._digest_at(commit, module)
+        digest = results.code_at(commit, module)
         if digest is None:
             return False
         h.update(f"{module}:{digest}\n".encode())

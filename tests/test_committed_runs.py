@@ -64,8 +64,8 @@ def test_every_chapter_has_a_committed_run():
 @pytest.mark.parametrize("manifest", COMMITTED, ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
 def test_committed_run_records_its_derived_code(manifest):
     """The manifest lists the modules derived from its chapter's compute entry (results.compute_modules), not a
-    hand-kept list that may miss one (a run recorded otherwise was re-stamped where that hid nothing, or must be
-    recomputed: ``python -m depthlib.results restamp`` says which)."""
+    hand-kept list that may miss one (a run recorded otherwise must be recomputed, or re-stamped by a bit-identical
+    smoke replay: ``python -m depthlib.purity``)."""
     experiment = manifest.parent.parent.name
     run = results.Run(experiment, {}, manifest.parent)
     derived = list(results.compute_modules(compute_entry(experiment)))

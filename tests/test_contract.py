@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from depthlib import contract, results
+from depthlib import contract, fingerprints, lifecycle, results
 from depthlib.chapters import CHAPTERS, by_name, chapter_of, compute_entry
 from depthlib.errors import InputError
 
@@ -166,7 +166,7 @@ def test_computing_finishes_a_run_with_its_manifest(cache):
 def test_computing_resumes_and_counts_the_time_of_every_segment(cache, monkeypatch):
     clock = iter([100.0, 105.0, 107.0,            # segment 1: opened at 100, table a saved at 105, fails at 107
                   200.0, 203.0, 204.0])           # segment 2: opened at 200, table b at 203, finished at 204
-    monkeypatch.setattr(results, "_clock", lambda: next(clock))
+    monkeypatch.setattr(lifecycle, "_clock", lambda: next(clock))
     calls: list[str] = []
     with pytest.raises(RuntimeError, match="stopped"):
         _compute({"k": 2}, fail_after=1, calls=calls)
@@ -219,16 +219,16 @@ def test_a_stale_complete_run_is_recomputed(cache, tmp_path, monkeypatch):
         first = _compute({"k": 6})
         assert not first.stale
         module.write_text("def f():\n    return 2\n")
-        results._module_digest.cache_clear()
-        results._module_tree.cache_clear()
+        fingerprints._module_digest.cache_clear()
+        fingerprints._module_tree.cache_clear()
         assert first.stale
         calls: list[str] = []
         again = _compute({"k": 6}, calls=calls)
         assert calls == ["a", "b"] and not again.stale
     finally:
         CODE = old_code
-        results._module_digest.cache_clear()
-        results._module_tree.cache_clear()
+        fingerprints._module_digest.cache_clear()
+        fingerprints._module_tree.cache_clear()
 
 
 def test_run_load_has_the_config_of_its_manifest(cache):

@@ -9,7 +9,7 @@ import textwrap
 import pandas as pd
 import pytest
 
-from depthlib import paths, results
+from depthlib import fingerprints, paths, results, store
 from depthlib.errors import InputError
 
 
@@ -100,7 +100,7 @@ def _module(tmp_path, monkeypatch, source):
     pkg.mkdir(exist_ok=True)
     (pkg / "fp_target.py").write_text(textwrap.dedent(source))
     monkeypatch.syspath_prepend(str(pkg))
-    results._module_digest.cache_clear()
+    fingerprints._module_digest.cache_clear()
     return results.code_fingerprint(["fp_target"])
 
 
@@ -122,7 +122,7 @@ def test_fingerprint_ignores_docs_and_comments_but_not_code(tmp_path, monkeypatc
         def f(x):
             return x + 2
     ''')
-    results._module_digest.cache_clear()
+    fingerprints._module_digest.cache_clear()
     sys.modules.pop("fp_target", None)
     assert base == same != changed
 
@@ -336,9 +336,9 @@ def test_file_digest_is_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
     f.write_bytes(b"abc")
     assert results.file_sha256(f) == hashlib.sha256(b"abc").hexdigest()
     calls = []
-    monkeypatch.setattr(results, "_sha256", lambda p: calls.append(p) or "0" * 64)
+    monkeypatch.setattr(store, "_sha256", lambda p: calls.append(p) or "0" * 64)
     assert results.file_sha256(f) == hashlib.sha256(b"abc").hexdigest() and not calls     # memory
-    results._DIGESTS.clear()
+    store._DIGESTS.clear()
     assert results.file_sha256(f) == hashlib.sha256(b"abc").hexdigest() and not calls     # disk
     f.write_bytes(b"abcd")                                                                   # size changes
     assert results.file_sha256(f) == "0" * 64 and calls

@@ -1,4 +1,4 @@
-"""``python -m depthlib.results`` (commit, restamp, locate) and the book's and cache's write failures: every failure is
+"""``python -m depthlib.results`` (commit, locate) and the book's and cache's write failures: every failure is
 one line ``error: ...`` on stderr with exit status 2 (never a traceback, never a silent exit 0), and the line says
 what is actually wrong."""
 from __future__ import annotations
@@ -51,9 +51,10 @@ def _module_main(*args: str, env: dict | None = None) -> subprocess.CompletedPro
 
 
 # ---- 10, 11: a missing folder or a corrupt manifest -----------------------------------------------------
-def test_restamp_of_a_missing_folder_is_one_line_not_a_traceback(tmp_path):
-    """Case 10, as a real process: no InputError traceback."""
-    done = _module_main("restamp", str(tmp_path / "nonexistent"))
+def test_locate_of_a_missing_folder_is_one_line_not_a_traceback(tmp_path):
+    """Case 10 (reported on ``restamp``, the one-off migration since replaced by ``depthlib.purity``), as a real
+    process: no InputError traceback."""
+    done = _module_main("locate", str(tmp_path / "nonexistent"))
     assert done.returncode == 2 and done.stdout == ""
     _one_error(done.stderr, "no run folder at", str(tmp_path / "nonexistent"))
 
@@ -118,7 +119,7 @@ def test_locate_of_a_missing_folder_and_of_a_clean_run(roots, tmp_path, capsys):
     assert f"exp/{clean.key}" in out.out and "not computed with local edits" in out.out
 
 
-@pytest.mark.parametrize("command", ["commit", "restamp", "locate"])
+@pytest.mark.parametrize("command", ["commit", "locate"])
 def test_unknown_flags_are_a_one_line_usage_error(roots, command, capsys):
     """Case 14: ``--bogus-flag`` is refused by every subcommand, before any folder is looked at."""
     _, local = roots
@@ -208,11 +209,3 @@ def test_unwritable_place_outside_the_cache_gets_no_cache_hint(tmp_path, monkeyp
 def test_a_missing_or_unknown_command_is_one_line(argv, said, capsys):
     assert results.main(argv) == 2
     _one_error(capsys.readouterr().err, said, "usage: python -m depthlib.results")
-
-
-def test_restamp_of_a_run_no_chapter_computes_is_one_line(roots, capsys):
-    """An InputError from deeper down (no chapter computes the folder's experiment) is one line too."""
-    committed, _ = roots
-    run = _make(committed)
-    assert results.main(["restamp", "--dry-run", str(run.path)]) == 2
-    _one_error(capsys.readouterr().err, "no chapter computes runs of the experiment 'exp'")

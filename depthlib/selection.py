@@ -1,0 +1,112 @@
+"""THE rule for which run a chapter shows (design: Profiles): :func:`select_run`, and the runs it looks among.
+
+Two roots: committed runs (``data/results`` of a checkout, :func:`depthlib.paths.committed_results_dir`) and
+local runs (``<cache>/results``). A run whose code fingerprint differs from the current code's is *stale*; a chapter
+shows it with a visible warning and ``--rerun`` recomputes it.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Iterable
+
+from depthlib import paths
+from depthlib.errors import InputError
+from depthlib.store import CorruptRunError, Run, normalise
+
+#: The profiles, best first (design: Profiles). ``custom`` marks a run with overridden settings (CLI flags).
+PROFILE_RANK = ("paper", "cpu", "smoke")
+CUSTOM = "custom"
+def check_profile(profile: str) -> str:
+    if profile not in PROFILE_RANK:
+        raise InputError(f"unknown profile {profile!r}; use one of {', '.join(PROFILE_RANK[::-1])}")
+    return profile
+
+
+def shown_profiles(profile: str) -> tuple[str, ...]:
+    """Which profiles a chapter built for ``profile`` may show: ``smoke`` only smoke (so the committed notebook
+    outputs are reproducible), ``cpu`` a paper or a cpu run, ``paper`` only a paper run."""
+    check_profile(profile)
+    return ("smoke",) if profile == "smoke" else PROFILE_RANK[: PROFILE_RANK.index(profile) + 1]
+
+
+def shown_run(experiment: str, profile: str, *, expected_config: Callable[[str], dict | None] | None = None,
+              rerun: bool = False, include_custom: bool = False) -> Run | None:
+    """The run a chapter shows for ``profile`` (:func:`select_run`), checked (:meth:`Run.validate`), or None when
+    there is none; a corrupt local run is reported in one line and left to the caller, whose computation repairs it
+    (:func:`repair`) and resumes; a corrupt committed run raises."""
+    run = select_run(experiment, profile, expected_config=expected_config, rerun=rerun,
+                     include_custom=include_custom)
+    if run is None:
+        return None
+    try:
+        return run.validate()
+    except CorruptRunError as err:
+        if run.committed:
+            raise
+        print(f"[depthlib] {err}; repairing it (what is whole is kept)", file=sys.stderr)
+        return None
+
+
+def roots(rerun: bool = False) -> list[Path]:
+    """Where runs are looked for: committed first, then local; ``rerun`` looks only at local runs."""
+    committed = paths.committed_results_dir()
+    out = [] if rerun or committed is None else [committed]
+    return out + [paths.local_results_dir()]
+
+
+def find_runs(experiment: str, search: Iterable[Path] | None = None) -> list[Run]:
+    """All complete, readable runs of an experiment (committed ones first), also under its former names
+    (:func:`depthlib.chapters.former_names`: a local cache from before a rename). Unreadable ones are reported."""
+    from depthlib.chapters import former_names
+    runs = []
+    for root in roots() if search is None else [Path(r) for r in search]:
+        for manifest in [m for name in (experiment, *former_names(experiment))
+                         for m in sorted((root / name).glob("*/manifest.json"))]:
+            try:
+                run = Run.load(manifest.parent)
+            except CorruptRunError as err:
+                print(f"[depthlib] skipping {err}", file=sys.stderr)
+                continue
+            if run.complete:
+                runs.append(run)
+    return runs
+
+
+def select_run(experiment: str, profile: str, *, expected_config: Callable[[str], dict | None] | None = None,
+               rerun: bool = False, include_custom: bool = False,
+               search: Iterable[Path] | None = None) -> Run | None:
+    """THE rule for which run a chapter shows (every chapter calls this, nothing else ranks runs).
+
+    Candidates: complete runs of ``experiment`` whose profile may be shown for ``profile``
+    (:func:`shown_profiles`; plus CLI ``custom`` runs if ``include_custom``) and, where ``expected_config``
+    gives the current settings of that profile, whose config equals them. Best first: the higher profile
+    (paper > cpu > smoke), then fresh before stale (fingerprint), then committed before local, then newest.
+    ``rerun`` considers only fresh local runs, so a chapter recomputes what is not in the local cache."""
+    allowed = shown_profiles(profile) + ((CUSTOM,) if include_custom else ())
+    candidates = []
+    for run in find_runs(experiment, roots(rerun) if search is None else search):
+        prof = run.profile
+        if prof not in allowed:
+            continue
+        want = expected_config(prof) if expected_config is not None and prof != CUSTOM else None
+        if want is not None and run.config != normalise(want):
+            continue
+        if rerun and run.stale:
+            continue
+        candidates.append(run)
+    if not candidates:
+        return None
+    rank = {p: i for i, p in enumerate(PROFILE_RANK + (CUSTOM,))}
+    candidates.sort(key=lambda r: r.manifest.get("created", ""), reverse=True)       # newest first ...
+    candidates.sort(key=lambda r: (rank[r.profile], r.stale, not r.committed))        # ... stable within rank
+    return candidates[0]
+
+
+def chapter_run(experiment: str, profile: str, compute: Callable[[], Run], *,
+                expected_config: Callable[[str], dict | None] | None = None, rerun: bool = False,
+                include_custom: bool = False) -> Run:
+    """The run a chapter shows for ``profile`` (:func:`select_run`), computed now with ``compute`` (cached,
+    resumable) if there is none. A corrupt local run is recomputed."""
+    run = shown_run(experiment, profile, expected_config=expected_config, rerun=rerun, include_custom=include_custom)
+    return run if run is not None else compute()
