@@ -237,3 +237,8 @@ def _iter_file(path: Path) -> Iterator[Document]:
         blocks = [b.strip() for b in text.split("\n\n")]
         for i, block in enumerate(b for b in blocks if b):
             yield Document(f"{path.stem}:{i}", block)
+
+
+def parent_id(piece_id: str) -> str:
+    """The held-out document a probe piece comes from (``'1793-Washington#2'`` -> ``'1793-Washington'``)."""
+    return piece_id.rsplit("#", 1)[0]

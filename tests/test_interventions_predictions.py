@@ -15,6 +15,7 @@ from depthlib.interventions import analysis
 from depthlib.interventions import predictions as pr
 from depthlib.interventions.evaluate import score_plans
 from depthlib.interventions.suite import SuiteConfig, build_plans
+from depthlib.measures import update_signature
 
 L, D, DOCS, PER_DOC = 24, 32, 32, 16
 SUITE = SuiteConfig(ks=(2, 4, 8), draws=10, each_block=False, plateau_k=0, norm_matched=0, permutations=0,
@@ -76,7 +77,7 @@ def statistics(model: Synthetic) -> tuple[dict, pd.DataFrame]:
     plans, meta = build_plans(L, SUITE)
     scores, _ = score_plans(plans, [(list(range(DOCS)), lambda: model)], progress=False)
     stats = analysis.model_statistics(meta.assign(model="m"), scores, n_boot=200)
-    sig = pr.update_signature([s.view(DOCS, PER_DOC, D) for s in model.states])
+    sig = update_signature([s.view(DOCS, PER_DOC, D) for s in model.states])
     stats.update(analysis.model_statistics(meta, scores, sig, n_boot=200))
     return stats, analysis.plan_effects(meta.assign(model="m"), scores.assign(model="m"))
 
@@ -133,7 +134,7 @@ def test_the_long_lag_signature_and_chapter_3s_rule(ens, flo):
     the long-lag cosine shows it. A smooth flow fails on θ; its long-lag cosine is high only while it turns little
     over ℓ/4 blocks (the fixture's field turns by π over the middle, and its distant updates decorrelate)."""
     quiet = ensemble(drift=0.1)
-    sig = pr.update_signature([s.view(DOCS, PER_DOC, D) for s in quiet.states])
+    sig = update_signature([s.view(DOCS, PER_DOC, D) for s in quiet.states])
     (te, _), (le, _) = ((pr.interval(v)[0], None) for v in pr.bootstrap_docs(sig, ("theta_sum", "lag_sum"),
                                                                                ("theta_n", "lag_n"), 50))
     assert pr.ensemble_by_rule(te, le) and abs(le) < 0.05, (te, le)
@@ -141,7 +142,7 @@ def test_the_long_lag_signature_and_chapter_3s_rule(ens, flo):
     tf = value(flo[0], "theta_update", "", 0)[0]
     assert not pr.ensemble_by_rule(tf, 0.0) and tf < 0.5, tf
     slow = flow(rate=0.5, turn=0.3)
-    sig = pr.update_signature([s.view(DOCS, PER_DOC, D) for s in slow.states])
+    sig = update_signature([s.view(DOCS, PER_DOC, D) for s in slow.states])
     lf = float(sig["lag_sum"].sum() / sig["lag_n"].sum())
     assert lf > 0.5, lf
 

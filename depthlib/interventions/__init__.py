@@ -32,9 +32,9 @@ from depthlib.interventions.evaluate import batched, score_plans
 from depthlib.interventions.execute import capture_lm
 from depthlib.interventions.plan import identity, parse_plan
 from depthlib.interventions.predictions import plateau as plateau_blocks
-from depthlib.interventions.predictions import update_signature
 from depthlib.interventions.rankings import BlockSimilarity
 from depthlib.interventions.suite import SuiteConfig, build_plans
+from depthlib.measures import update_signature
 from depthlib.validate import int_in_range, resolve_device
 
 TABLES = ("plans", "scores", "distances", "influence", "docs", "signature")
@@ -101,7 +101,7 @@ def run_interventions(model: str, corpus: str = "sotu", n_docs: int = 8, config:
     unedited model and top-1 agreement summed over the last ``score_last`` predicted tokens, and their count),
     ``distances`` and ``influence`` (the rankings, step angles, stream norms and the plateau, on the ``rank_docs``
     documents before the scored ones), ``signature`` (per ranking document: the update angle and long-lag cosine
-    sums, :func:`~depthlib.interventions.predictions.update_signature`) and ``docs``.
+    sums, :func:`~depthlib.measures.update_signature`) and ``docs``.
     """
     cfg = (config or InterventionConfig()).validate()
     int_in_range("n_docs", n_docs, 1)

@@ -204,10 +204,10 @@ def _reading(value: tuple[float, float, float], cal: dict, ensemble: tuple, flow
 def series_statistics(series: results.Run, n_boot: int = N_BOOT, seed: int = 0,
                       min_depth: int = 4) -> dict[str, dict[tuple, np.ndarray]]:
     """{``depth series ℓ = d``: {theta_update, long_lag}} for every depth ≥ ``min_depth`` of a chapter-6 depth series
-    (its ``signature`` table: the same :func:`~depthlib.interventions.predictions.update_signature` on its probe
+    (its ``signature`` table: the same :func:`~depthlib.measures.update_signature` on its probe
     pieces), bootstrapped over the pieces' held-out documents as the LMs' over theirs; empty for a series computed
     before the signature was measured."""
-    from depthlib.lm.corpus import parent_id
+    from depthlib.data import parent_id
     if not series.has("signature"):
         return {}
     sig = series.table("signature")

@@ -40,10 +40,9 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 
 from depthlib.errors import InputError
-from depthlib.measures import angle_between, middle_blocks, middle_update_pairs
+from depthlib.measures import middle_blocks
 
 #: chapter 3's rule: an ensemble iff θ(Δh_l, Δh_{l+1}) > THETA_MIN and the long-lag cosine < LONG_LAG_MAX
 THETA_MIN, LONG_LAG_MAX = 1.2, 0.1
@@ -118,34 +117,6 @@ def third(blocks: Sequence[int], n_blocks: int) -> str:
     return ("first", "middle", "last")[min(2, max(0, int(x * 3)))]
 
 
-# ---- the long-lag signature ------------------------------------------------------------------------------------
-def update_signature(states: Sequence[torch.Tensor], mask: torch.Tensor | None = None) -> pd.DataFrame:
-    """Per document: θ(Δh_l, Δh_{l+1}) summed over middle update pairs and tokens, and cos(Δh_l, Δh_{l+k}) summed over
-    middle pairs with k ≥ ℓ/4 and tokens, with their counts (columns doc, theta_sum, theta_n, lag_sum, lag_n), so that
-    documents pool and bootstrap. ``states`` ℓ+1 tensors (docs, tokens, d) or (docs, d); ``mask`` (docs, tokens)."""
-    h = torch.stack([s.double() for s in states])                         # (ℓ+1, docs, [tokens,] d)
-    if h.dim() == 3:
-        h = h[:, :, None]
-    dh = h[1:] - h[:-1]                                                    # (ℓ, docs, tokens, d)
-    L = dh.shape[0]
-    m = torch.ones(dh.shape[1:3], dtype=torch.bool) if mask is None else mask.bool()
-    w = m.double()                                                         # (docs, tokens)
-    pairs = middle_update_pairs(L)
-    theta = angle_between(dh[:-1], dh[1:])[pairs]                          # (pairs, docs, tokens)
-    u = dh / dh.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-    mid = u[middle_blocks(L)]                                              # (n_mid, docs, tokens, d)
-    n_mid = mid.shape[0]
-    lag_sum = torch.zeros(dh.shape[1], dtype=torch.float64)
-    lag_n = torch.zeros(dh.shape[1], dtype=torch.float64)
-    for k in range(max(1, math.ceil(L / 4)), n_mid):
-        c = (mid[:-k] * mid[k:]).sum(-1)                                   # (n_mid-k, docs, tokens)
-        lag_sum += (c * w).sum((0, 2))
-        lag_n += w.sum(-1) * c.shape[0]
-    return pd.DataFrame({"doc": np.arange(dh.shape[1]), "theta_sum": (theta * w).sum((0, 2)).numpy(),
-                         "theta_n": (w.sum(-1) * theta.shape[0]).numpy(), "lag_sum": lag_sum.numpy(),
-                         "lag_n": lag_n.numpy()})
-
-
 def ensemble_by_rule(theta: float, long_lag: float) -> bool:
     """Chapter 3's rule: ensemble iff θ(Δh_l, Δh_{l+1}) > 1.2 rad and the long-lag cosine < 0.1."""
     return bool(theta > THETA_MIN and long_lag < LONG_LAG_MAX)
@@ -205,7 +176,7 @@ def bootstrap_plans(scores: pd.DataFrame, identity_text: str, n_boot: int = 1000
 
 def bootstrap_docs(table: pd.DataFrame, sums: Sequence[str], counts: Sequence[str], n_boot: int = 1000,
                    seed: int = 0) -> np.ndarray:
-    """(len(sums), n_boot + 1) pooled means Σsum/Σcount of per-document rows (e.g. :func:`update_signature`)."""
+    """(len(sums), n_boot + 1) pooled means Σsum/Σcount of per-document rows (e.g. :func:`depthlib.measures.update_signature`)."""
     W = bootstrap_weights(len(table), n_boot, seed)
     return np.stack([(W @ table[s].to_numpy(float)) / (W @ table[c].to_numpy(float)) for s, c in zip(sums, counts)])
 
@@ -246,5 +217,4 @@ def side(value: tuple[float, float, float], calibration: dict) -> str:
 
 __all__ = ["ALPHA_ENSEMBLE", "ALPHA_FLOW", "LONG_LAG_MAX", "THETA_MIN", "PooledLosses", "bootstrap_docs",
            "bootstrap_plans", "bootstrap_weights", "calibrate", "deletion_alpha", "ensemble_by_rule",
-           "flow_order_ratio", "interval", "mean_displacement", "plateau", "rescaled_deletion", "side", "third",
-           "update_signature"]
+           "flow_order_ratio", "interval", "mean_displacement", "plateau", "rescaled_deletion", "side", "third"]

@@ -26,9 +26,9 @@ from depthlib.errors import InputError, ReplayUnavailable
 from depthlib.interventions.evaluate import score_plans
 from depthlib.interventions.execute import SCORES
 from depthlib.interventions.predictions import plateau as plateau_blocks
-from depthlib.interventions.predictions import update_signature
 from depthlib.interventions.rankings import BlockSimilarity
 from depthlib.interventions.suite import SuiteConfig, build_plans
+from depthlib.measures import update_signature
 from depthlib.toy.converged import TEACHER_KINDS, ConvergedConfig, best_routes
 from depthlib.toy.models import ResidualNet, StudentWeights, derive_seed, make_teacher, rms_norm, teacher_module, teacher_targets
 from depthlib.validate import int_in_range

@@ -124,7 +124,3 @@ def probe_pieces(held_docs, chunks: int, words: int) -> list[Document]:
             out.append(Document(f"{doc.doc_id}#{k}", " ".join(piece)))
     return out
 
-
-def parent_id(piece_id: str) -> str:
-    """The held-out document a probe piece comes from (``'1793-Washington#2'`` -> ``'1793-Washington'``)."""
-    return piece_id.rsplit("#", 1)[0]

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize_scalar
 
+from depthlib.data import parent_id
 from depthlib.errors import InputError
-from depthlib.lm.corpus import parent_id
 from depthlib.measures import fit_power_law
 from depthlib.probes.metrics import middle_mean
 

@@ -18,7 +18,7 @@ table              rows
 ``clusters``       depth, seed, cluster, fraction, block, theta: the trajectory clusters of the final probes
 ``signature``      depth, seed, step, doc_id, theta_sum, theta_n, lag_sum, lag_n: per probe piece of the final
                    models, θ(Δh_l, Δh_{l+1}) and the long-lag cosine cos(Δh_l, Δh_{l+k}), k ≥ ℓ/4, summed over
-                   middle blocks and tokens (chapter 5's :func:`~depthlib.interventions.predictions.update_signature`,
+                   middle blocks and tokens (chapter 5's :func:`~depthlib.measures.update_signature`,
                    the measure it applies to the offline LMs and the toy controls), so that pieces bootstrap
 ``fit``            quantity, value, lo, hi: α_ℓ, L∞, c of L(ℓ) = L∞ + c·ℓ^(−α_ℓ); the middle-angle exponent
 ``fit_bootstrap``  resample, alpha, L_inf, c, rmse, at_bound (paired bootstrap over held-out documents)
@@ -178,9 +178,9 @@ def probe_tables(model, tokenizer, pieces, cfg: SeriesConfig, device: str, *, de
 def update_signatures(model, tokenizer, pieces, cfg: SeriesConfig, device: str) -> pd.DataFrame:
     """Per probe piece (tokenised as the probes tokenise it: right-padded, one context window), the sums of
     θ(Δh_l, Δh_{l+1}) over middle update pairs and of the long-lag cosine over middle pairs k ≥ ℓ/4 apart, with their
-    counts (:func:`depthlib.interventions.predictions.update_signature` on the residual stream h_0 … h_ℓ before the
+    counts (:func:`depthlib.measures.update_signature` on the residual stream h_0 … h_ℓ before the
     final norm, :func:`depthlib.probes.tap.tap_hidden_states`). Columns doc_id, theta_sum, theta_n, lag_sum, lag_n."""
-    from depthlib.interventions.predictions import update_signature
+    from depthlib.measures import update_signature
     from depthlib.probes.tap import tap_hidden_states
     was = model.training
     model.eval()
