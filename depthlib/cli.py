@@ -134,6 +134,9 @@ def _cmd_scaling(args) -> dict[str, Any]:
     if args.law == "chinchilla" and args.depth_offset:
         raise InputError("--depth-offset applies to the decomposed law only (the classic form has no depth term)")
     df = data.chinchilla(args.data)
+    if args.bootstrap:
+        from depthlib.scaling.chapter import check_bootstrap_memory
+        check_bootstrap_memory(len(df), args.bootstrap, args.law)
     fit = scaling.fit_decomposed_law(df, preset=args.preset, exclude=args.exclude, law=args.law,
                                      depth_offset=args.depth_offset, objective=args.objective)
     out = fit.summary()
@@ -309,11 +312,52 @@ def _cmd_probes(args) -> dict[str, Any]:
     validate.accessible("--model", args.model)
     validate.int_in_range("--docs", args.docs, 1)
     validate.model_files("--model", args.model)
-    run = chapter.compute(args.model, args.corpus, args.docs, cfg, executor=_executor_config(args), shards=args.shards,
+    executor = _executor_config(args)
+    _check_token_sample(args, cfg)
+    run = chapter.compute(args.model, args.corpus, args.docs, cfg, executor=executor, shards=args.shards,
                           force=args.force)
     out = chapter.summary(run)
     out["results"] = out.pop("run")
     return out
+
+
+#: token trajectories the summary of a probe run clusters (depthlib.probes.trajectory.analyze_trajectories: N >= 3)
+MIN_TRAJECTORIES = 3
+
+
+def _check_token_sample(args, cfg) -> None:
+    """InputError, before the model is loaded, if the documents give fewer than :data:`MIN_TRAJECTORIES` token
+    trajectories (else the run is computed and cached, and its summary fails). A token has one when the next token is
+    in its document too (depthlib.probes.metrics.valid_mask), special tokens aside where ``cfg`` skips them; the
+    documents are tokenized as the probe does (fineweb, streamed web pages, is only bounded by length)."""
+    def refuse(got: int) -> None:
+        raise InputError(f"the trajectory analysis of a probe run needs at least {MIN_TRAJECTORIES} token trajectories "
+                         f"(a token whose next token is in its document), but --docs {args.docs} of {args.corpus!r} at "
+                         f"--max-length {args.max_length} give {got}; raise --max-length or --docs, or use a longer "
+                         "corpus")
+    if args.docs * (args.max_length - 1) < MIN_TRAJECTORIES:
+        refuse(args.docs * (args.max_length - 1))
+    if args.corpus == "fineweb":
+        return
+    from transformers import AutoTokenizer
+
+    from depthlib import data
+    from depthlib.models.loading import OFFLINE_MODELS, ensure_converted
+    source = str(ensure_converted(args.model)) if args.model in OFFLINE_MODELS else str(Path(args.model).expanduser())
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:  # as depthlib.models.load_model would say it
+        raise InputError(f"cannot load the tokenizer of model {args.model!r}: "
+                         f"{(str(err).splitlines() or [type(err).__name__])[0]}") from None
+    special = set(tok.all_special_ids) if cfg.skip_special_tokens else set()
+    got = 0
+    for doc in data.corpus(args.corpus, args.docs):
+        ids = tok(doc.text[: args.max_length * 16], truncation=True, max_length=args.max_length,
+                  add_special_tokens=cfg.add_special_tokens)["input_ids"]
+        got += sum(t not in special for t in ids[:-1])
+        if got >= MIN_TRAJECTORIES:
+            return
+    refuse(got)
 
 
 # ---- tracing (chapter 4) -----------------------------------------------------------------------
@@ -328,7 +372,8 @@ def _add_tracing(sub) -> None:
                    help="the continuation to score, e.g. ' Seattle' (default: the model's top-1 token)")
     p.add_argument("--kind", choices=("block", "mlp", "attn"), default=None,
                    help="what is restored: the block output (default), the MLP output or the attention output")
-    p.add_argument("--samples", type=int, default=None, metavar="N", help="noise samples (default 10 as ROME; the paper 1)")
+    p.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="noise samples, at most 1000 (default 10 as ROME; the paper 1)")
     p.add_argument("--noise", default=None, metavar="rome|paper|FLOAT",
                    help="rome (default): 3 x std of subject embeddings over our fact set; paper: 3 x std of the "
                         "embedding matrix; or the noise std itself")
@@ -382,15 +427,13 @@ def _cmd_tracing(args) -> dict[str, Any]:
     missing = [f"--{k}" for k in ("model", "prompt", "subject") if getattr(args, k) is None]
     if missing:
         raise InputError(f"tracing needs {', '.join(missing)} (or --profile for the chapter's whole run)")
-    if args.samples < 1:
-        raise InputError(f"--samples must be >= 1, got {args.samples}")
+    from depthlib import tracing, validate
+    from depthlib.tracing import chapter
+    validate.int_in_range("--samples", args.samples, 1, chapter.MAX_SAMPLES)   # why this cap: chapter.MAX_SAMPLES
     if args.window is not None and args.window < 1:
         raise InputError(f"--window must be >= 1, got {args.window}")
-    from depthlib import validate
     validate.int_in_range("--seed", args.seed, 0, 2**63 - 1)
     validate.resolve_device(args.device)   # before loading the model: 'tpu' or absent CUDA is one line
-    from depthlib import tracing
-    from depthlib.tracing import chapter
     if args.noise not in tracing.NOISE_PRESETS:
         tracing.noise_sigma(None, None, args.noise)  # validates a number before loading the model
     validate.model_files("--model", args.model)
@@ -453,6 +496,9 @@ def _add_lm(sub) -> None:
                         "cores); paper: width 256, depths to 32, 3 seeds (a GPU)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda for paper where present, else cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="train the paper profile on the CPU anyway (refused without it: 30 models, about 17 PFLOP, "
+                        "some 260 hours on a 2-core CPU)")
     _add_force(p)
     _add_executor(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -466,6 +512,15 @@ def _cmd_lm(args) -> dict[str, Any]:
     device = chapter.default_device(args.profile) if args.device is None else args.device
     validate.resolve_device(device)
     cfg = chapter.profile_config(args.profile)
+    if (args.profile == "paper" and device == "cpu" and not args.allow_cpu
+            and not chapter.open_series_run(cfg).complete):
+        flop = chapter.training_flop(cfg)
+        raise InputError(f"--profile paper trains {len(cfg.units())} models ({flop / 1e15:.1f} PFLOP): about "
+                         f"{flop / chapter.CPU_TRAIN_FLOP_PER_S / 3600:,.0f} hours on a CPU at the "
+                         f"{chapter.CPU_TRAIN_FLOP_PER_S / 1e9:.0f} GFLOP/s measured for the cpu profile's training "
+                         f"on a 2-core machine, and it would run on the CPU "
+                         f"({'--device cpu' if args.device else 'torch sees no CUDA device'}); run it on a GPU, or add "
+                         "--allow-cpu to train here anyway")
     run = chapter.compute(cfg, device, force=args.force, progress=True, executor=_executor_config(args))
     s = chapter.summary(run)
     throughput = {k: _round_or_none(v, 4) for k, v in s.pop("throughput").items()}

@@ -239,8 +239,18 @@ def _run_submitit(units: list[Unit], cfg: ExecutorConfig, threads: int, env: dic
         params["slurm_partition"] = cfg.partition
     executor.update_parameters(**params)
     t0 = time.perf_counter()
-    with _controllers_log(logs / "controllers.log"):
-        jobs = executor.submit_array([Requeued(u) for u in units])  # one SLURM array (one job per unit elsewhere)
+    log = logs / "controllers.log"
+    try:
+        with _controllers_log(log):
+            jobs = executor.submit_array([Requeued(u) for u in units])  # one SLURM array (one job per unit elsewhere)
+    except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedSubmissionError, OSError) as err:
+        # sbatch refused the array (a bad partition, say: FailedJobError with sbatch's stderr), or is missing
+        with open(log, "a") as handle:
+            handle.write(traceback.format_exc())
+        first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        more = f" and {len(units) - 1} other unit{'s' * (len(units) > 2)} of its array" if len(units) > 1 else ""
+        raise InputError(f"submitting unit {units[0].label}{more} to {cfg.cluster} failed: {first.strip()} "
+                         f"(log: {log})") from None
     out: dict[int, Outcome] = {}
     poll_s = 1.0 if cfg.cluster in ("local", "debug") else 15.0     # SLURM: do not hammer the scheduler
     while len(out) < len(units):
@@ -264,7 +274,8 @@ def _run_submitit(units: list[Unit], cfg: ExecutorConfig, threads: int, env: dic
 def _controllers_log(log: Path) -> Iterator[None]:
     """Inside the block, submitit's local job controllers (one subprocess per job) write to ``log`` instead of the
     terminal: a Ctrl-C reaches them too, and each would print its own ``KeyboardInterrupt`` traceback after the
-    command's one line. Their jobs' own output goes to the jobs' logs as before."""
+    command's one line. Their jobs' own output goes to the jobs' logs as before; so does this process's stderr (where
+    submitit prints sbatch's refusal before raising it)."""
     try:
         from submitit.local import local
     except ImportError:
@@ -282,7 +293,7 @@ def _controllers_log(log: Path) -> Iterator[None]:
             kwargs.setdefault("stderr", original.STDOUT)
             return original.Popen(*args, **kwargs)
 
-    with open(log, "a") as handle:
+    with open(log, "a") as handle, contextlib.redirect_stderr(handle):   # and what sbatch says when it refuses
         local.subprocess = _ToLog()
         try:
             yield

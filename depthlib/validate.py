@@ -77,7 +77,9 @@ def accessible(name: str, path) -> None:
 def model_files(name: str, model: str) -> None:
     """InputError, before any model is loaded or any run is touched, if ``model`` cannot be a model: a file rather
     than a folder, a folder without ``config.json``, a weights file that is truncated or corrupt (its safetensors
-    header does not cover the file), or a name that is neither an offline model, a folder nor a hub id."""
+    header does not cover the file), a path (:func:`looks_like_path`) with no folder there, or a name that is neither
+    an offline model, a folder nor a hub id."""
+    import os
     from pathlib import Path
 
     from depthlib.models.loading import OFFLINE_MODELS
@@ -102,6 +104,74 @@ def model_files(name: str, model: str) -> None:
                 raise InputError(f"cannot read the weights {weights}: {first} (truncated or corrupt: copy or "
                                  "save the model again)") from None
         return
+    if looks_like_path(model):
+        raise InputError(f"{name} {model!r}: no model folder at {os.path.abspath(path)} (a local model is a Hugging "
+                         "Face folder with config.json; a hub id is namespace/name, like EleutherAI/pythia-410m)")
     if "/" not in model:
         raise InputError(f"unknown model {model!r}: use one of {', '.join(OFFLINE_MODELS)}, a local Hugging Face "
                          "folder, or a hub id like EleutherAI/pythia-410m")
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` can only mean a local path, never a hub id (``namespace/name``): it starts with ``.``, ``/``
+    or ``~``, has a backslash or more than one separator, or its first part is a folder here (``models/x``)."""
+    import os
+    if name.startswith((".", "/", "~", os.sep)) or "\\" in name or (os.altsep and os.altsep in name):
+        return True
+    parts = name.split(os.sep)
+    return len(parts) > 2 or (len(parts) == 2 and os.path.isdir(parts[0]))
+
+
+def available_memory(device: str = "cpu") -> int | None:
+    """Bytes that can still be allocated on ``device``: the free memory of a CUDA device, else the machine's available
+    memory (``MemAvailable`` of /proc/meminfo, or free pages where there is none), or less where this process's
+    cgroup (a container, a SLURM job) allows less; None where nothing tells."""
+    import os
+    if str(device).startswith("cuda"):
+        import torch
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    free = []
+    try:
+        with open("/proc/meminfo") as f:
+            free += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except OSError:
+        pass
+    if not free:
+        try:
+            free.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    try:
+        with open("/proc/self/cgroup") as f:    # "0::/path" (cgroup v2), "N:...memory...:/path" (v1)
+            groups = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        groups = []
+    for _, controllers, path in (g for g in groups if len(g) == 3):
+        v2 = not controllers
+        if not v2 and "memory" not in controllers.split(","):
+            continue
+        folder = f"/sys/fs/cgroup{'' if v2 else '/memory'}{path}"
+        limit, used = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        try:
+            with open(f"{folder}/{limit}") as a, open(f"{folder}/{used}") as b:
+                free.append(int(a.read()) - int(b.read()))
+        except (OSError, ValueError):       # no such file, or "max": no limit
+            pass
+    return min(free) if free else None
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def fits_in_memory(what: str, need: float, device: str = "cpu", fix: str = "") -> None:
+    """InputError, before allocating, if ``what`` would need ``need`` bytes, more than :func:`available_memory` on
+    ``device`` (the message says both, and ``fix``)."""
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise InputError(f"{what} would need about {_bytes(need)} of memory, more than the {_bytes(free)} available "
+                         f"{'on ' + str(device) if str(device).startswith('cuda') else 'here'}"
+                         + (f"; {fix}" if fix else ""))

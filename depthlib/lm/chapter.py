@@ -23,8 +23,8 @@ from depthlib.lm.train import TrainConfig
 #: (:func:`depthlib.results.compute_modules`: the lm package and the probes it runs).
 COMPUTE = {EXPERIMENT: "depthlib.lm.series:run_series"}
 
-__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "LMProfile", "alpha_shown", "compute", "describe", "profile_config",
-           "replay", "runs", "summary"]
+__all__ = ["COMPUTE", "CPU_TRAIN_FLOP_PER_S", "EXPERIMENT", "PROFILES", "LMProfile", "alpha_shown", "compute",
+           "describe", "profile_config", "replay", "runs", "summary", "training_flop"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,18 @@ def default_device(profile: str) -> str:
         import torch
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cpu"
+
+
+#: Training FLOP/s of a CPU, measured: the committed cpu-profile series (data/results/lm) trained at 18.1 GFLOP/s on
+#: this project's 2-core machine (a quarter of its fp32 matmul ceiling, :mod:`depthlib.lm.throughput`).
+CPU_TRAIN_FLOP_PER_S = 18e9
+
+
+def training_flop(cfg: SeriesConfig) -> float:
+    """Training FLOPs of every member of a series (:func:`depthlib.lm.model.flops_per_token` at the target vocabulary,
+    × the tokens each member trains on)."""
+    from depthlib.lm.model import flops_per_token
+    return sum(flops_per_token(cfg.model, d, cfg.vocab_size) * cfg.tokens_per_model() for d, _ in cfg.units())
 
 
 def compute(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,

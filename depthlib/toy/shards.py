@@ -17,7 +17,7 @@ import pandas as pd
 from depthlib import executors, paths, results
 from depthlib.contract import from_dict
 from depthlib.toy import analysis
-from depthlib.toy.sweep import EXPERIMENT, SweepConfig
+from depthlib.toy.sweep import EXPERIMENT, SweepConfig, run_sweep
 
 #: shard runs live apart from the sweeps a chapter shows
 SHARD_EXPERIMENT = "toy-shards"
@@ -34,9 +34,8 @@ def shard_configs(cfg: SweepConfig) -> list[SweepConfig]:
 
 def train_shard(config: dict, device: str = "cpu") -> str:
     """Train (or resume, or load) one shard; returns its run folder. Module-level, so executors can pickle it."""
-    from depthlib.toy import chapter
     cfg = from_dict(SweepConfig, config)
-    return str(chapter.compute(cfg, device, progress=False, experiment=SHARD_EXPERIMENT).path)
+    return str(run_sweep(cfg, device, progress=False, experiment=SHARD_EXPERIMENT).path)
 
 
 def _order(cfg: SweepConfig, df: pd.DataFrame, before: tuple = (), after: tuple = ()) -> pd.DataFrame:

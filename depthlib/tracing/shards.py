@@ -67,6 +67,7 @@ def run_sharded(profile: str, executor: executors.ExecutorConfig, *, extra_model
     if fact_shards < 1:
         raise InputError(f"--shards must be >= 1, got {fact_shards}")
     config = chapter.chapter_config(profile, extra_models)
+    chapter.check_models(config["models"])
     with chapter.computing(config, device=device) as job:
         if job.complete:
             return job.run
