@@ -351,7 +351,10 @@ def _check_token_sample(args, cfg) -> None:
                          f"{(str(err).splitlines() or [type(err).__name__])[0]}") from None
     special = set(tok.all_special_ids) if cfg.skip_special_tokens else set()
     got = 0
-    for doc in data.corpus(args.corpus, args.docs):
+    with warnings.catch_warnings():              # a short corpus is said once, by the run itself, not by this check
+        warnings.simplefilter("ignore")
+        docs = data.corpus(args.corpus, args.docs)
+    for doc in docs:
         ids = tok(doc.text[: args.max_length * 16], truncation=True, max_length=args.max_length,
                   add_special_tokens=cfg.add_special_tokens)["input_ids"]
         got += sum(t not in special for t in ids[:-1])
