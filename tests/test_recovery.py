@@ -167,3 +167,17 @@ def test_ctrl_c_just_after_the_last_plan_keeps_the_interventions_run(cache, tmp_
     assert "complete and saved" in err and "nothing was saved" not in err
     monkeypatch.setattr(results.Run, "finish", real)
     assert main(argv) == 0 and "loaded a finished run from the cache" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_the_converged_protocol_says_its_finished_units_are_kept(cache, monkeypatch, capsys):
+    """The sweep's case F2: Ctrl-C while the protocol's units ran said "nothing was saved", though every finished unit
+    stays in its own run folder and the rerun resumes them."""
+    from depthlib import executors
+    from depthlib.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(executors, "finished_runs", interrupted)
+    assert main(["toy", "--profile", "smoke", "--protocol", "converged", "--json"]) == 130
+    err = capsys.readouterr().err
+    assert "every finished unit" in err and "toy-converged-units" in err and "nothing was saved" not in err

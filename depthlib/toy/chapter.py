@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from depthlib import results
+from depthlib import paths, results
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.toy import converged
@@ -469,7 +469,15 @@ def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = 
                                 {"config": cfg.to_dict(), "cell": c, "device": device}) for c in cells]
         ex = executor or executors.ExecutorConfig("joblib", jobs=max(1, min(os.cpu_count() or 1, len(units))),
                                                   threads=1)
-        return merge_converged(cfg, executors.finished_runs(units, ex, f"converged protocol ({profile})"), started)
+        try:
+            done = executors.finished_runs(units, ex, f"converged protocol ({profile})")
+        except KeyboardInterrupt as err:           # the units run in their own lifecycles: say where they are kept
+            if isinstance(err, results.RunInterrupted):
+                raise
+            folder = paths.local_results_dir() / CONVERGED_UNITS
+            raise results.RunInterrupted(folder, f"every finished unit (a teacher, temperature and replicate) is kept "
+                                                 f"under {folder}") from None
+        return merge_converged(cfg, done, started)
 
     return results.chapter_run(CONVERGED_EXPERIMENT, profile, make, rerun=rerun,
                                expected_config=lambda p: PROFILES[p].converged.to_dict() if p in PROFILES else None)
