@@ -93,3 +93,27 @@ def test_show_refuses_a_figure_a_reader_cannot_read():
         plots.show(go.Figure(go.Scatter(x=[1], y=[1])), "a caption")
     with pytest.raises(ValueError, match="caption"):
         plots.show(go.Figure(go.Scatter(x=[1], y=[1])), " ")
+
+
+# ---- the live re-fit panels' computations (the panels themselves are driven in tests/test_live_panels.py) ----------
+def test_chapter1_refit_summary_follows_the_objective_and_says_why_it_cannot_fit(chinchilla_df):
+    from depthlib.plots import scaling as figs
+    mse = figs.refit_summary(chinchilla_df, exclude=5, depth_offset=0, objective="mse", solver="converged")
+    huber = figs.refit_summary(chinchilla_df, exclude=5, depth_offset=0, objective="huber", solver="converged")
+    assert set(mse) == {"alpha_m", "alpha_l", "alpha_D", "L0", "mean_rel_err", "n_points"}
+    assert mse["n_points"] == len(chinchilla_df) - 5 and mse["alpha_l"] != huber["alpha_l"]
+    too_many = figs.refit_summary(chinchilla_df, exclude=len(chinchilla_df) - 1, depth_offset=0, objective="mse",
+                                  solver="converged")
+    assert isinstance(too_many, str) and too_many.startswith("cannot fit:")
+
+
+def test_chapter3_alpha_by_depths_uses_only_the_chosen_depths():
+    import numpy as np
+
+    from depthlib.plots import toy as figs
+    rows = [dict(rho=0.0, temperature=1.0, replicate=0, depth=d, step=s, test_loss=2.0 * d ** -1.0 * (1 + 1 / s),
+                 train_loss=np.nan) for d in (2, 4, 8, 16) for s in (100, 200)]
+    curves = pd.DataFrame(rows)
+    every = figs.alpha_by_depths(curves, (2, 4, 8, 16), (100, 200))
+    assert list(every.columns) == [100, 200] and np.allclose(every.to_numpy(), 1.0, atol=1e-3)
+    assert figs.alpha_by_depths(curves, (4,), (100, 200)) == "cannot fit: choose at least two depths"

@@ -190,3 +190,31 @@ def width_depth_optimum(fit: scaling.Fit, df: pd.DataFrame) -> go.Figure:
                              marker=dict(color=plots.color(1), size=7),
                              hovertemplate="ℓ %{x:.0f}, m %{y:.0f}<extra></extra>"))
     return fig
+
+
+def refit_summary(df: pd.DataFrame, *, exclude: int, depth_offset: int, objective: str, solver: str) -> dict | str:
+    """The decomposed law refitted with the live panel's settings: its exponents, L0, mean relative error and points
+    (3 digits), or ``"cannot fit: …"`` where the settings leave no fit."""
+    from depthlib.errors import InputError
+    try:
+        fit = scaling.fit_decomposed_law(df, preset=solver, exclude=exclude, depth_offset=depth_offset,
+                                         objective=objective)
+    except InputError as err:
+        return f"cannot fit: {err}"
+    keep = ("alpha_m", "alpha_l", "alpha_D", "L0", "mean_rel_err", "n_points")
+    return {k: v for k, v in fit.summary(3).items() if k in keep}
+
+
+def refit_panel(df: pd.DataFrame, exclude: int) -> None:
+    """Chapter 1's live re-fit panel (ipywidgets, needs a kernel): the points excluded, the depth offset, the
+    objective and the solver chosen, then "Run Interact" prints :func:`refit_summary` and draws :func:`three_parts`."""
+    import ipywidgets as widgets
+
+    def refit(exclude, depth_offset, objective, solver):
+        summary = refit_summary(df, exclude=exclude, depth_offset=depth_offset, objective=objective, solver=solver)
+        print(summary)
+        if isinstance(summary, dict):
+            three_parts(scaling.fit_decomposed_law(df, preset=solver, exclude=exclude, depth_offset=depth_offset,
+                                                   objective=objective)).show()
+    widgets.interact_manual(refit, exclude=widgets.IntSlider(value=exclude, min=0, max=100), depth_offset=[0, 2],
+                            objective=["mse", "huber"], solver=["converged", "paper"])

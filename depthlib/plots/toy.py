@@ -326,3 +326,26 @@ def converged_routes(rows: pd.DataFrame, best: pd.DataFrame):
     plots.dropdown(fig, buttons)
     fig.update_xaxes(**plots.log_ticks(sorted(agg["depth"].unique())))
     return fig
+
+
+def alpha_by_depths(curves: pd.DataFrame, depths, steps) -> pd.DataFrame | str:
+    """α_ℓ per cell (rows ρ, T) and evaluation step (columns), fitted on the chosen depths and steps only (3
+    digits), or ``"cannot fit: …"`` with fewer than two depths."""
+    if len(depths) < 2:
+        return "cannot fit: choose at least two depths"
+    table = analysis.alpha_table(curves, depths=list(depths), step_range=steps)
+    return table.pivot_table(index=["rho", "temperature"], columns="step", values="alpha").round(3)
+
+
+def alpha_refit_panel(curves: pd.DataFrame) -> None:
+    """Chapter 3's live re-fit panel (ipywidgets, needs a kernel): depths and a step range chosen, "Run Interact"
+    shows :func:`alpha_by_depths`."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    def refit(depths, steps):
+        out = alpha_by_depths(curves, depths, steps)
+        print(out) if isinstance(out, str) else display(out)
+    all_depths, all_steps = sorted(curves.depth.unique()), sorted(curves.step.unique())
+    widgets.interact_manual(refit, depths=widgets.SelectMultiple(options=all_depths, value=tuple(all_depths)),
+                            steps=widgets.SelectionRangeSlider(options=all_steps, index=(0, len(all_steps) - 1)))
