@@ -27,3 +27,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def roots(tmp_path, monkeypatch):
+    """Separate committed and local roots (``DEPTHLIB_RESULTS_DIR``, ``DEPTHLIB_CACHE_DIR``) for one test:
+    (committed root, local results root)."""
+    committed, cache = tmp_path / "committed", tmp_path / "cache"
+    monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(committed))
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(cache))
+    return committed, cache / "results"

@@ -14,16 +14,9 @@ import pytest
 from depthlib import validate
 from depthlib.cli import main
 from tests import tiny
+from tests.test_reliability import _one_line
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _one_line(err: str) -> str:
-    """The one message line of stderr (progress bars, which stop where the error came, aside)."""
-    lines = [ln for ln in err.replace("\r", "\n").strip().splitlines() if ln.strip() and "%|" not in ln]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def _fails(capsys, argv: list[str]) -> str:

@@ -12,16 +12,6 @@ import pytest
 from depthlib import fingerprints, paths, results, store
 from depthlib.errors import InputError
 
-
-@pytest.fixture
-def roots(tmp_path, monkeypatch):
-    """Separate committed and local roots for one test."""
-    committed, cache = tmp_path / "committed", tmp_path / "cache"
-    monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(committed))
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(cache))
-    return committed, cache / "results"
-
-
 CODE = ("depthlib.measures",)
 
 

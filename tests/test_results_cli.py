@@ -16,15 +16,6 @@ import pytest
 from depthlib import cli, results
 
 
-@pytest.fixture
-def roots(tmp_path, monkeypatch):
-    """Separate committed and local roots (``DEPTHLIB_RESULTS_DIR``, ``DEPTHLIB_CACHE_DIR``) for one test."""
-    committed, cache = tmp_path / "committed", tmp_path / "cache"
-    monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(committed))
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(cache))
-    return committed, cache / "results"
-
-
 def _make(root: Path, experiment: str = "exp", finish: bool = True, **manifest) -> results.Run:
     """A finished run (a table and a manifest) under ``root``, its manifest fields overridden by ``manifest``
     (e.g. ``git_dirty=False``: the test's tree may have local edits)."""

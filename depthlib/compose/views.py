@@ -376,6 +376,13 @@ def _loss_path(xt: pd.DataFrame, family: str) -> str:
             f"{g.val_loss.iloc[-1]:.3f} at ℓ = {g.index[-1]}")
 
 
+
+def _bound(xa: pd.DataFrame, dd: pd.DataFrame, xt: pd.DataFrame):
+    """The text part's phrase helpers bound to its tables (α by family, paired differences, losses): (α phrase,
+    difference phrase, side phrase, loss-path phrase), each taking the family (and depth, comparison) only."""
+    from functools import partial
+    return (partial(_text_alpha, xa), partial(_text_difference, dd), partial(_side, dd), partial(_loss_path, xt))
+
 def text_findings_text(text_run: results.Run, series_run: results.Run) -> str:
     """**Measured** on text (Markdown): each family's held-out loss along depth (nats/token), its α_ℓ, the paired
     differences of the deepest looped and tied members against the untied ones (same depth, same parameters), how much
@@ -389,17 +396,7 @@ def text_findings_text(text_run: results.Run, series_run: results.Run) -> str:
     dd = analysis.text_differences(text_run).set_index(["family", "depth", "against"])
     deep = {f: max(d) for f, d in xinfo["depths"].items()}
 
-    def xalpha(f):
-        return _text_alpha(xa, f)
-
-    def xdiff(f, depth, against):
-        return _text_difference(dd, f, depth, against)
-
-    def side(f, depth, against):
-        return _side(dd, f, depth, against)
-
-    def loss_path(f):
-        return _loss_path(xt, f)
+    xalpha, xdiff, side, loss_path = _bound(xa, dd, xt)
     decay = analysis.text_decay_gain(text_run)                       # nats gained while the rate decays
     series_loss = {int(d): v for d, v in series_run.manifest["summary"]["val_loss"].items()}
     both = max(set(series_loss) & set(xinfo["depths"]["untied"]))      # the deepest ℓ both families trained
@@ -640,17 +637,7 @@ def text_conclusion_text(text_run: results.Run) -> str:
     dd = analysis.text_differences(text_run).set_index(["family", "depth", "against"])
     deep = {f: max(d) for f, d in xinfo["depths"].items()}
 
-    def xalpha(f):
-        return _text_alpha(xa, f)
-
-    def xdiff(f, depth, against):
-        return _text_difference(dd, f, depth, against)
-
-    def side(f, depth, against):
-        return _side(dd, f, depth, against)
-
-    def loss_path(f):
-        return _loss_path(xt, f)
+    xalpha, xdiff, side, loss_path = _bound(xa, dd, xt)
     return f"""**On chapter 6's text** (one seed, width {xinfo['d_model']}, {xinfo['tokens_per_member']:,} tokens per member,
 95 % bootstrap intervals over the {xinfo['n_held_out_documents']} held-out documents) the question is **not answered at
 this scale**. No depth law can be read: the untied family's α_ℓ is {xalpha('untied')}, and the looped and fully tied
