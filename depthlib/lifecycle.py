@@ -171,15 +171,6 @@ def prepare_run(run: Run, *, force: bool = False, tables: Sequence[str] = (),
     return run
 
 
-def fresh_run(experiment: str, config: dict[str, Any]) -> Run:
-    """The local run folder of (experiment, config) to compute into: a complete run made by the current code is
-    returned as it is, one made by other code (stale) is deleted first, a partial one is kept to resume."""
-    run = open_run(experiment, config)
-    if run.complete and run.stale:
-        shutil.rmtree(run.path)
-    return run
-
-
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C while a run was computed: ``folder`` is its run folder and ``saves`` says what is kept there (a rerun
     of the same command resumes from it)."""

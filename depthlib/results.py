@@ -37,7 +37,6 @@ from depthlib.lifecycle import (  # noqa: F401 - one namespace for the chapters
     RunInterrupted,
     computing,
     corruption,
-    fresh_run,
     guarding,
     prepare_run,
     readable_checkpoint,
