@@ -191,9 +191,11 @@ def run_units(units: list[Unit], cfg: ExecutorConfig = ExecutorConfig()) -> list
             done: dict[int, Outcome] = {}
             # idle workers pull the next unit; results arrive as units finish (the bar moves), put back in order
             try:
-                for i, outcome in Parallel(n_jobs=min(cfg.jobs, len(units)), backend="loky", batch_size=1,
-                                           return_as="generator_unordered")(
-                        delayed(_indexed)(i, u, threads, env, str(logs)) for i, u in enumerate(units)):
+                with _ctrl_c_spares_workers():        # the workers start here, and so do loky's threads
+                    arriving = Parallel(n_jobs=min(cfg.jobs, len(units)), backend="loky", batch_size=1,
+                                        return_as="generator_unordered")(
+                        delayed(_indexed)(i, u, threads, env, str(logs)) for i, u in enumerate(units))
+                for i, outcome in arriving:
                     done[i] = outcome
                     bar.update()
             except KeyboardInterrupt:
@@ -201,6 +203,39 @@ def run_units(units: list[Unit], cfg: ExecutorConfig = ExecutorConfig()) -> list
                 raise
             return [done[i] for i in range(len(units))]
         return _run_submitit(units, cfg, threads, env, logs, bar)
+
+
+@contextlib.contextmanager
+def _ctrl_c_spares_workers() -> Iterator[None]:
+    """Inside the block, SIGINT is blocked in this thread, and so in the worker processes and threads started here
+    (a process inherits its parent thread's signal mask across fork and exec, and Python leaves it as it is): a
+    terminal's Ctrl-C, which reaches the whole process group, interrupts only this process, which then stops the
+    workers (:func:`_stop_loky`), instead of each worker printing its own ``KeyboardInterrupt`` traceback (one that
+    is still importing joblib, or waiting for its next unit). A Ctrl-C that comes inside the block (another thread
+    may take it) is raised when the block ends, never in the middle of starting the workers (loky's own thread
+    would fail with a traceback of its own). The standard library's resource tracker is started first: starting it
+    unblocks SIGINT (CPython 3.11)."""
+    import signal
+    import threading
+    from multiprocessing import resource_tracker
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    resource_tracker.ensure_running()
+    main = threading.current_thread() is threading.main_thread()
+    caught: list[int] = []
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum)) if main else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)     # while the handler only counts, nothing is raised
+        if main:                                             # in between: both are restored
+            signal.signal(signal.SIGINT, handler)
+    if caught and callable(handler):
+        handler(signal.SIGINT, None)                         # Python's default: KeyboardInterrupt
+    elif caught and handler == signal.SIG_DFL:
+        raise KeyboardInterrupt
 
 
 def _stop_loky() -> None:

@@ -257,6 +257,52 @@ def test_ctrl_c_under_an_executor_says_one_line_and_nothing_after(kind, tmp_path
     assert "Traceback" not in err and "leaked" not in err and "KeyboardInterrupt" not in err, err
 
 
+_INTERRUPTED_AT_START = """
+import os, signal, sys, threading, time
+from depthlib import executors
+folder = sys.argv[1]
+with open(folder + "/work.py", "w") as f:
+    f.write("import time\\ntime.sleep(60)\\n")
+
+def workers():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            if ppid == os.getpid() and "LokyProcess" in open(f"/proc/{pid}/cmdline").read():
+                yield pid
+        except (OSError, IndexError, ValueError):
+            pass
+
+def ctrl_c_as_the_workers_start():           # while they import joblib: a terminal's Ctrl-C reaches them all
+    while not any(workers()):
+        time.sleep(0.005)
+    time.sleep(0.05)
+    os.killpg(os.getpgid(0), signal.SIGINT)
+threading.Thread(target=ctrl_c_as_the_workers_start, daemon=True).start()
+units = [executors.Unit(f"u{i}", "runpy:run_path", {"path_name": folder + "/work.py"}) for i in range(2)]
+try:
+    executors.run_units(units, executors.ExecutorConfig("joblib", jobs=2, threads=1, folder=folder + "/logs"))
+except KeyboardInterrupt:
+    print("interrupted: one line", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers in /proc")
+def test_ctrl_c_while_joblib_workers_start_is_one_line(tmp_path):
+    """The sweep's case F3: Ctrl-C as ``--executor joblib`` starts its workers printed a ``KeyboardInterrupt``
+    traceback from each worker still importing joblib (and loky's manager thread could fail with a ``KeyError``
+    traceback when the interrupt came mid-dispatch). The workers start with SIGINT blocked: this process stops them."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DEPTHLIB_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", _INTERRUPTED_AT_START, str(tmp_path)], env=env, text=True,
+                       capture_output=True, start_new_session=True, timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    err = p.stderr
+    assert p.returncode == 130, err
+    assert err[err.index("interrupted: one line"):].strip() == "interrupted: one line", err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "leaked" not in err, err
+
+
 # ---- options a command would ignore ------------------------------------------------------------------------
 def test_trace_profile_rejects_what_a_profile_does_not_take(cache, capsys, monkeypatch):
     from depthlib.tracing import chapter
