@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from depthlib.errors import InputError
-from depthlib.store import PROGRESS, CorruptRunError, Run, _sha256, open_run
+from depthlib.store import PROGRESS, CorruptRunError, Run, _sha256, damage_repaired, note, open_run
 
 _TMP_NAME = re.compile(r"\.tmp(\d+)$")
 
@@ -162,9 +162,8 @@ def prepare_run(run: Run, *, force: bool = False, tables: Sequence[str] = (),
         shutil.rmtree(run.path)
         return run
     removed = repair(run, tables=tables, checkpoints=checkpoints, unit_marker=unit_marker)
-    if removed:
-        print(f"[depthlib] damaged run {run.path}: removed {'; '.join(removed)}; the rest is kept and the run resumes",
-              file=sys.stderr)
+    if removed and not damage_repaired(run.path):      # one line per damaged run: said once, where it was found
+        note(f"[depthlib] damaged run {run.path}: removed {'; '.join(removed)}; the rest is kept and the run resumes")
     elif run.complete and run.stale:
         print(f"[depthlib] {run.path} was computed by other code; deleting it and recomputing", file=sys.stderr)
         shutil.rmtree(run.path)

@@ -6,13 +6,12 @@ shows it with a visible warning and ``--rerun`` recomputes it.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
 from depthlib import paths
 from depthlib.errors import InputError
-from depthlib.store import CorruptRunError, Run, normalise
+from depthlib.store import CorruptRunError, Run, normalise, say_damaged
 
 #: The profiles, best first (design: Profiles). ``custom`` marks a run with overridden settings (CLI flags).
 PROFILE_RANK = ("paper", "cpu", "smoke")
@@ -44,7 +43,7 @@ def shown_run(experiment: str, profile: str, *, expected_config: Callable[[str],
     except CorruptRunError as err:
         if run.committed:
             raise
-        print(f"[depthlib] {err}; repairing it (what is whole is kept)", file=sys.stderr)
+        say_damaged(run.path, f"[depthlib] {err}; repairing it (what is whole is kept)")
         return None
 
 
@@ -66,7 +65,7 @@ def find_runs(experiment: str, search: Iterable[Path] | None = None) -> list[Run
             try:
                 run = Run.load(manifest.parent)
             except CorruptRunError as err:
-                print(f"[depthlib] skipping {err}", file=sys.stderr)
+                say_damaged(manifest.parent, f"[depthlib] skipping {err}")
                 continue
             if run.complete:
                 runs.append(run)

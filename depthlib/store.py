@@ -44,6 +44,37 @@ class CorruptRunError(InputError):
     """A run folder whose manifest or tables cannot be read or fail their checksum."""
 
 
+#: the damaged run folders this process has reported and not yet repaired (:func:`say_damaged`)
+_DAMAGE_SAID: set[str] = set()
+
+
+def note(line: str) -> None:
+    """One line on stderr, on a line of its own (after a progress bar that left its line open, where stderr tells:
+    the command line's stderr does)."""
+    import sys
+    err = sys.stderr
+    print(("" if getattr(err, "at_line_start", True) else "\n") + line, file=err, flush=True)
+
+
+def say_damaged(folder: str | os.PathLike, line: str) -> None:
+    """Say ``line`` about the damaged run ``folder``, unless this process said one already: a damaged run is reported
+    in one line, though the choice of a chapter's run may meet it several times and the lifecycle then repairs it
+    (:func:`damage_repaired`)."""
+    key = os.path.abspath(folder)
+    if key not in _DAMAGE_SAID:
+        _DAMAGE_SAID.add(key)
+        note(line)
+
+
+def damage_repaired(folder: str | os.PathLike) -> bool:
+    """Whether the damaged run ``folder``, now repaired, was reported already (:func:`say_damaged`); a later damage of
+    it is reported again."""
+    key = os.path.abspath(folder)
+    said = key in _DAMAGE_SAID
+    _DAMAGE_SAID.discard(key)
+    return said
+
+
 def normalise(config: dict[str, Any]) -> dict[str, Any]:
     """A config as it reads back from JSON (tuples become lists), so stored and fresh configs compare equal."""
     return json.loads(json.dumps(config, sort_keys=True, default=str))

@@ -181,3 +181,35 @@ def test_ctrl_c_in_the_converged_protocol_says_its_finished_units_are_kept(cache
     assert main(["toy", "--profile", "smoke", "--protocol", "converged", "--json"]) == 130
     err = capsys.readouterr().err
     assert "every finished unit" in err and "toy-converged-units" in err and "nothing was saved" not in err
+
+
+# ---- one damaged run, one line ----------------------------------------------------------------------------------
+def _demo_run():
+    with results.computing("demo", {"a": 1}, profile="smoke", code=("depthlib.measures",)) as job:
+        if not job.complete:
+            job.run.write_table("scores", pd.DataFrame({"x": [1.0, 2.0]}))
+    return job.run
+
+
+@pytest.mark.parametrize("damage", ["manifest", "table"])
+def test_a_damaged_run_is_reported_in_one_line(cache, capsys, damage):
+    """The sweep's case F8: the chapter's choice of a run (:func:`results.shown_run`, asked once per part that looks,
+    as ``toy --calibration both`` does) said "skipping …" or "repairing it", and the lifecycle's repair of the same
+    folder said "damaged run …" again: two or three lines for one damaged run."""
+    run = _demo_run()
+    if damage == "manifest":
+        (run.path / "manifest.json").write_text('{"status": "compl')
+    else:
+        path = run.table_path("scores")
+        path.write_bytes(path.read_bytes()[:-20])
+    capsys.readouterr()
+    for _ in range(2):
+        assert results.shown_run("demo", "smoke") is None
+    again = results.chapter_run("demo", "smoke", _demo_run)
+    assert again.complete and again.path == run.path
+    err = capsys.readouterr().err
+    assert len([ln for ln in err.splitlines() if run.key in ln]) == 1, err
+    damage_again = again.table_path("scores")                     # the next damage is said again
+    damage_again.write_bytes(damage_again.read_bytes()[:-20])
+    assert results.chapter_run("demo", "smoke", _demo_run).complete
+    assert len([ln for ln in capsys.readouterr().err.splitlines() if run.key in ln]) == 1
