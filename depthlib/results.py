@@ -166,6 +166,12 @@ def _finished(path: Path) -> Run:
     return run
 
 
+def _has_committed_runs() -> bool:
+    """Whether there is a committed results folder to look at (``locate`` with no folder looks there)."""
+    root = paths.committed_results_dir()
+    return root is not None and root.is_dir()
+
+
 def _committed_folders() -> list[Path]:
     root = paths.committed_results_dir()
     return sorted(p.parent for p in root.glob("*/*/manifest.json")) if root is not None else []
@@ -188,8 +194,15 @@ def main(argv: list[str] | None = None) -> int:
         why = f"unknown command {command!r}" if command else "no command"
     elif unknown:
         why = f"{command}: unknown option {unknown[0]}"
+    elif (command == "commit" and not args) or any(not a.strip() for a in args):
+        why = f"{command}: name the run folder(s) to {command}"     # none, or an empty one (an unset variable)
+    elif command == "locate" and not args and not _has_committed_runs():
+        root = paths.committed_results_dir()
+        why = ("locate: no committed runs here " + (f"({root} is not a folder)" if root is not None else
+                                                    "(no data/results folder: not a checkout)")
+               + "; name the run folder(s) to locate, or set DEPTHLIB_RESULTS_DIR")
     else:
-        why = "commit: name the run folder(s) to commit" if command == "commit" and not args else None
+        why = None
     if why:
         print(f"error: {why} (usage: {' '.join(usage.split())})", file=sys.stderr)
         return 2

@@ -200,3 +200,30 @@ def test_unwritable_place_outside_the_cache_gets_no_cache_hint(tmp_path, monkeyp
 def test_a_missing_or_unknown_command_is_one_line(argv, said, capsys):
     assert results.main(argv) == 2
     _one_error(capsys.readouterr().err, said, "usage: python -m depthlib.results")
+
+
+@pytest.mark.parametrize("command", ["commit", "locate"])
+@pytest.mark.parametrize("blank", ["", " "])
+def test_a_blank_folder_argument_is_a_usage_error(roots, command, blank, capsys):
+    """Case 13's rest: an empty folder argument (``commit ""``, an unset shell variable) said "run . is not finished"
+    or "no run folder at " instead of asking for the folder."""
+    assert results.main([command, blank]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    _one_error(out.err, f"{command}: name the run folder(s)", "usage: python -m depthlib.results")
+
+
+def test_locate_with_no_folder_and_no_committed_runs_is_an_error(tmp_path, monkeypatch, capsys):
+    """Case 13's rest: ``locate`` with no folder looks at the committed runs; where there are none to look at (no
+    data/results folder: not a checkout) it said "no committed run was computed with local edits" and exit 0."""
+    from depthlib import paths
+    monkeypatch.delenv("DEPTHLIB_RESULTS_DIR", raising=False)
+    monkeypatch.setattr(paths, "in_checkout", lambda: False)
+    assert results.main(["locate"]) == 2
+    _one_error(capsys.readouterr().err, "locate: no committed runs here", "name the run folder(s)")
+    monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(tmp_path / "nowhere"))
+    assert results.main(["locate"]) == 2
+    _one_error(capsys.readouterr().err, f"locate: no committed runs here ({tmp_path / 'nowhere'} is not a folder)")
+    monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(tmp_path))
+    assert results.main(["locate"]) == 0                       # a results folder, none of its runs made with edits
+    assert capsys.readouterr().out.strip() == "no committed run was computed with local edits: nothing to locate"
