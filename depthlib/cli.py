@@ -185,10 +185,12 @@ def _add_toy(sub) -> None:
                    help="train the profile's calibration run of this teacher (chapter 3, Fig. 4a,b: exp-9-3 at "
                         "T = 1, the paper's unnormalised teacher; both: the two runs, as two units of --executor) "
                         "instead of its phase-diagram sweep (whose units are its teacher correlations ρ)")
-    p.add_argument("--protocol", choices=("paper", "converged"), default="paper",
+    p.add_argument("--protocol", choices=("paper", "converged", "certified"), default="paper",
                    help="paper: the paper's recipe (a phase-diagram sweep, or --calibration); converged: chapter 3's "
                         "converged-loss protocol (tied and independent teachers, every training route, resumable; "
-                        "default executor: one joblib worker per core on one thread each)")
+                        "default executor: one joblib worker per core on one thread each); certified: the same with "
+                        "a certificate (a re-warmed continuation gains < 2 %%), equal steps at every depth and group "
+                        "distillation for both teachers")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default 1: the toy's small matmuls run faster on one thread than on two, "
@@ -207,8 +209,8 @@ def _cmd_toy(args) -> dict[str, Any]:
     if args.threads is None:
         runtime.configure_process(1)   # the fast default: the toy's small matmuls run faster on 1 thread than on 2
     validate.resolve_device(args.device)
-    if args.protocol == "converged":
-        return _toy_converged(args)
+    if args.protocol != "paper":
+        return _toy_protocol(args)
     executor = _executor_config(args)
     if args.calibration is not None:
         _fixed_settings(args, "--calibration")
@@ -241,12 +243,13 @@ def _fixed_settings(args, what: str, values: tuple = (), switches: tuple = ()) -
         raise InputError(f"{what} runs a profile's fixed settings; drop {', '.join(given)}")
 
 
-def _toy_converged(args) -> dict[str, Any]:
-    """Chapter 3's converged-loss protocol for a profile (depthlib.toy.converged): α_ℓ per teacher and T."""
+def _toy_protocol(args) -> dict[str, Any]:
+    """One of chapter 3's protocols for a profile (depthlib.toy.converged, depthlib.toy.certified): α_ℓ per teacher
+    and T."""
     from depthlib.toy import chapter
-    _fixed_settings(args, "--protocol converged", ("calibration",), ("force", "tf32"))
+    _fixed_settings(args, f"--protocol {args.protocol}", ("calibration",), ("force", "tf32"))
     executor = _executor_config(args) if args.executor != "serial" else None
-    run = chapter.converged_run(args.profile, args.device, executor=executor)
+    run = chapter.protocol_run(args.protocol, args.profile, args.device, executor=executor)
     return {"profile": args.profile, "meaningful": args.profile != "smoke", **chapter.summary(run)}
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 from depthlib import paths, results
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
-from depthlib.toy import converged
+from depthlib.toy import certified, converged
 from depthlib.toy.sweep import (
     EXPERIMENT,
     PAPER_TEMPERATURES,
@@ -36,11 +36,19 @@ CALIBRATION_KINDS = {1.0: "tied", 0.0: "independent"}
 #: The converged-loss protocol (ours, :mod:`depthlib.toy.converged`): one run per (teacher, T, replicate) unit, merged.
 CONVERGED_EXPERIMENT = "toy-converged"
 CONVERGED_UNITS = "toy-converged-units"
+#: The certified protocol (ours, :mod:`depthlib.toy.certified`): the same shape, a certificate no schedule can fake.
+CERTIFIED_EXPERIMENT = "toy-certified"
+CERTIFIED_UNITS = "toy-certified-units"
 COMPUTE = {EXPERIMENT: "depthlib.toy.sweep:run_sweep", CALIBRATION_EXPERIMENT: "depthlib.toy.sweep:run_sweep",
            CONVERGED_EXPERIMENT: "depthlib.toy.converged:train_unit",
-           CONVERGED_UNITS: "depthlib.toy.converged:train_unit"}
+           CONVERGED_UNITS: "depthlib.toy.converged:train_unit",
+           CERTIFIED_EXPERIMENT: "depthlib.toy.certified:train_unit",
+           CERTIFIED_UNITS: "depthlib.toy.certified:train_unit"}
 #: The chapter's parts, in the order :func:`runs` returns them
-PARTS = ("sweep", "calibration", "converged")
+PARTS = ("sweep", "calibration", "converged", "certified")
+#: The parts the chapter shows by default: ``certified`` joins them (replacing ``converged``) once its cpu run is
+#: committed (it takes hours).
+SHOWN_PARTS = ("sweep", "calibration", "converged")
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ class ToyProfile(Profile):
     sweep: SweepConfig
     calibration: tuple[SweepConfig, ...]     # one per CALIBRATION_KINDS teacher, tied first
     converged: converged.ConvergedConfig
+    certified: certified.CertifiedConfig
 
 
 def _calibration(profile: str, **settings) -> tuple[SweepConfig, ...]:
@@ -75,7 +84,10 @@ PROFILES: dict[str, ToyProfile] = {
                      eval_batches=2, eval_batch_size=256, teacher_depth=16, signature_inputs=128),
         converged.ConvergedConfig("smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2), (1.0, 0.01, 1)), depths=(2, 4, 8),
                                   steps_deepest=40, batch=32, pool_batches=8, evals=5, eval_batches=2,
-                                  eval_batch_size=128, teacher_depth=16)),
+                                  eval_batch_size=128, teacher_depth=16),
+        certified.CertifiedConfig("smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2), (1.0, 0.01, 2)), depths=(2, 4, 8),
+                                  steps=40, batch=32, pool_batches=40, evals=5, eval_batches=2, eval_batch_size=128,
+                                  teacher_depth=16, distill_inputs=512, distill_steps=20)),
     "cpu": ToyProfile(
         "cpu",
         SweepConfig("cpu", variant="exp-9-decay",
@@ -83,7 +95,8 @@ PROFILES: dict[str, ToyProfile] = {
                     depths=(6, 12, 24), replicates=1, steps=6_000, batch=256, eval_every=500,
                     teacher_norm="displacement"),
         _calibration("cpu", depths=(6, 12, 24, 48), replicates=1, steps=24_000, batch=1024, eval_every=500),
-        converged.ConvergedConfig("cpu", steps_deepest=4_000)),
+        converged.ConvergedConfig("cpu", steps_deepest=4_000),
+        certified.CertifiedConfig("cpu")),
     "paper": ToyProfile(
         "paper",
         SweepConfig("paper", variant="exp-9",
@@ -92,7 +105,8 @@ PROFILES: dict[str, ToyProfile] = {
                     replicates=3, steps=40_000, batch=1024, eval_every=500),
         _calibration("paper", depths=(6, 12, 16, 24, 32, 48), replicates=3, steps=80_000, batch=1024,
                      eval_every=500),
-        converged.ConvergedConfig("paper", steps_deepest=40_000, batch=1024, pool_batches=4_096)),
+        converged.ConvergedConfig("paper", steps_deepest=40_000, batch=1024, pool_batches=4_096),
+        certified.CertifiedConfig("paper", steps=40_000, batch=1024, pool_batches=40_000)),
 }
 
 
@@ -184,7 +198,7 @@ def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool
 
 
 def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
-         parts: tuple[str, ...] = PARTS) -> dict[str, results.Run]:
+         parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
     """The runs chapter 3 shows for ``profile``, by part: ``sweep`` (the phase diagram) and
     ``calibration-tied``, ``calibration-independent``; each found by the one rule or computed now."""
     unknown = set(parts) - set(PARTS)
@@ -196,8 +210,9 @@ def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: 
     if "calibration" in parts:
         out.update({f"calibration-{k}": r for k, r in
                     calibration_runs(profile, device, rerun=rerun, executor=executor).items()})
-    if "converged" in parts:
-        out["converged"] = converged_run(profile, device, rerun=rerun, executor=executor)
+    for protocol in PROTOCOLS:
+        if protocol in parts:
+            out[protocol] = protocol_run(protocol, profile, device, rerun=rerun, executor=executor)
     return out
 
 
@@ -268,6 +283,8 @@ def replay(run: results.Run, n_students: int = 1) -> pd.DataFrame:
     A converged-protocol run is replayed by :func:`replay_converged`."""
     if run.experiment == CONVERGED_EXPERIMENT:
         return replay_converged(run)
+    if run.experiment == CERTIFIED_EXPERIMENT:
+        return replay_certified(run)
     cfg = config_of(run)
     first_cell, depths = cfg.cells[0], sorted(cfg.depths)[:n_students]
     def keep(row):
@@ -309,6 +326,19 @@ def summary(run: results.Run) -> dict:
                           for r in table.itertuples()],
                 "tied_minus_independent": {k: _rounded(sep[k]) for k in ("diff", "lo", "hi")},
                 "students_converged": f"{int(best['converged'].sum())} of {len(best)}"}
+    if run.experiment == CERTIFIED_EXPERIMENT:
+        table, sep, cert = run.table("alpha_summary"), run.table("separation"), run.table("certified")
+        env = table[table["fit"] == "envelope"]
+        every = sep[sep["fit"] == "all depths"]
+        return {"run": str(run.path), **converged_wall_times(run),
+                "alpha": [{"teacher": r.teacher, "temperature": r.temperature, "alpha": _rounded(r.alpha),
+                           "lo": _rounded(r.lo), "hi": _rounded(r.hi), "replicates": int(r.replicates)}
+                          for r in env.itertuples()],
+                "tied_minus_independent": ({k: _rounded(every.iloc[0][k]) for k in ("diff", "lo", "hi")}
+                                           if len(every) else None),
+                "students_certified": f"{int(cert['certified'].sum())} of {len(cert)}",
+                "students_within_gap": f"{int(cert['within_gap'].sum())} of {len(cert)}",
+                "heldout_in_pool": int(cert["heldout_in_pool"].max())}
     m, alpha = run.manifest, run.table("alpha")
     return {"run": str(run.path), **describe(run), "device": m.get("device"),
             "students": m.get("n_students"),
@@ -349,55 +379,95 @@ def _rounded(x, digits: int = 3):
     return None if x is None or not np.isfinite(float(x)) else round(float(x), digits)
 
 
-# ---- the converged-loss protocol (ours; depthlib.toy.converged) --------------------------------------------
+# ---- the protocols (ours): converged (depthlib.toy.converged) and certified (depthlib.toy.certified) ----------
 #: Profiles (``ToyProfile.converged``). smoke: seconds (numbers meaningless). cpu: tied and independent teachers at
 #: T = 1 with 3 replicates each and the tied teacher at T = 0.01 (1 replicate), the paper's six depths, every route;
 #: the deepest student trains 4,000 steps × 256 from a pool of 524k inputs, a depth-ℓ one 4,000·min(48/ℓ, 8) (7 units,
 #: about an hour on 2 one-thread workers). paper: the same cells at batch 1024 and 10× the steps, for a GPU.
+#: ``ToyProfile.certified``: cpu: both teachers at T = 1 and the tied one at T = 0.01, 3 replicates each, every route
+#: 12,000 steps × 256 at every depth, continuations of 6,000 steps until a gain below 2 % (at most 3); 9 units, about
+#: 4 hours on 2 one-thread workers, resumable stage by stage. paper: 40,000 steps × 1,024 per route, for a GPU.
 
 
-def _unit_label(cell: dict) -> str:
-    return f"converged-{converged.TEACHER_KINDS[cell['rho']]}-T{cell['temperature']:g}-r{cell['replicate']}"
+@dataclass(frozen=True)
+class Protocol:
+    """One of chapter 3's protocols: its experiment (the merged run), its units' experiment (one run per teacher,
+    temperature and replicate), its compute module and its profile settings (``ToyProfile.<name>``)."""
+
+    name: str
+    experiment: str
+    units: str
+    module: object
+    unit_tables: tuple[str, ...]          # what a unit's ``train_unit`` returns, in order
+
+    def config(self, profile: str):
+        return getattr(PROFILES[profile], self.name)
+
+    def config_class(self):
+        return type(self.config("smoke"))
+
+    def label(self, cell: dict) -> str:
+        return (f"{self.name}-{converged.TEACHER_KINDS[cell['rho']]}-T{cell['temperature']:g}"
+                f"-r{cell['replicate']}")
 
 
-def train_converged_unit(config: dict, cell: dict, device: str = "cpu", progress: bool = False) -> str:
-    """Every route of every depth of one (teacher, T, replicate) of the protocol, resumable student by student
+PROTOCOLS = {"converged": Protocol("converged", CONVERGED_EXPERIMENT, CONVERGED_UNITS, converged,
+                                   ("converged", "curves")),
+             "certified": Protocol("certified", CERTIFIED_EXPERIMENT, CERTIFIED_UNITS, certified,
+                                   ("stages", "curves", "certified"))}
+
+
+def _stage_io(protocol: Protocol, run: results.Run, job):
+    """``load(stage, depth)`` and ``save(stage, depth, ...)`` of one unit: every finished student is one file in the
+    unit's folder (its weights, curve and summary row), written atomically."""
+    import torch
+
+    from depthlib.toy.models import StudentWeights
+
+    def path(stage, depth):
+        return run.path / f"student_{stage}_{depth:03d}.pt"
+
+    def load(stage, depth):
+        p = path(stage, depth)
+        if not (p.exists() and results.readable_checkpoint(p)):
+            return None
+        s = torch.load(p, weights_only=False)
+        w, curve, row = StudentWeights(**s["weights"]), pd.DataFrame(s["curve"]), s["row"]
+        return certified.Student(w, row, curve) if protocol.name == "certified" else (w, curve, row)
+
+    def save(stage, depth, *done):
+        w, curve, row = ((done[0].weights, done[0].curve, done[0].row) if protocol.name == "certified" else done)
+        results.atomic_torch_save(path(stage, depth), {"weights": dataclasses.asdict(w), "row": row,
+                                                       "curve": curve.to_dict("list")})
+        job.save_progress()
+
+    return load, save
+
+
+def train_protocol_unit(protocol: str, config: dict, cell: dict, device: str = "cpu", progress: bool = False) -> str:
+    """Every route of every depth of one (teacher, T, replicate) of a protocol, resumable student by student
     (each finished student's weights, curve and summary are saved in the unit's folder in the cache: chapters 5
     and 7 reuse the weights). Returns the unit's run folder. Module-level, so an executor can run it."""
     import torch
 
     from depthlib import runtime
-    from depthlib.contract import from_dict
-    from depthlib.toy.models import StudentWeights
+    p = PROTOCOLS[protocol]
     runtime.configure_process()
-    cfg = from_dict(converged.ConvergedConfig, config).validate()
-    with results.computing(CONVERGED_UNITS, {**cfg.to_dict(), "cell": cell}, profile=cfg.profile,
-                           code=(COMPUTE[CONVERGED_UNITS],), seed=cfg.seed, device=device,
+    cfg = from_dict(p.config_class(), config).validate()
+    with results.computing(p.units, {**cfg.to_dict(), "cell": cell}, profile=cfg.profile,
+                           code=(COMPUTE[p.units],), seed=cfg.seed, device=device,
                            saves="every finished student of this unit is saved in {folder}") as job:
         if job.complete:
             return str(job.run.path)
         run = job.run
-
-        def path(route, depth):
-            return run.path / f"student_{route}_{depth:03d}.pt"
-
-        def load(route, depth):
-            p = path(route, depth)
-            if not (p.exists() and results.readable_checkpoint(p)):
-                return None
-            s = torch.load(p, weights_only=False)
-            return StudentWeights(**s["weights"]), pd.DataFrame(s["curve"]), s["row"]
-
-        def save(route, depth, w, curve, row):
-            results.atomic_torch_save(path(route, depth), {"weights": dataclasses.asdict(w), "row": row,
-                                                           "curve": curve.to_dict("list")})
-            job.save_progress()
-
-        say = (lambda msg: print(f"[depthlib] {_unit_label(cell)}: {msg}", file=sys.stderr, flush=True)) \
+        load, save = _stage_io(p, run, job)
+        say = (lambda msg: print(f"[depthlib] {p.label(cell)}: {msg}", file=sys.stderr, flush=True)) \
             if progress else (lambda msg: None)
-        rows, curves = converged.train_unit(cfg, cell, load, save, say, device)
-        run.write_table("converged", pd.DataFrame(rows))
-        run.write_table("curves", pd.concat(curves, ignore_index=True))
+        out = p.module.train_unit(cfg, cell, load, save, say, device)
+        if protocol == "converged":
+            out = (pd.DataFrame(out[0]), pd.concat(out[1], ignore_index=True))
+        for name, table in zip(p.unit_tables, out):
+            run.write_table(name, table)
         job.record(cell=cell, torch_threads=torch.get_num_threads())
     return str(run.path)
 
@@ -414,36 +484,55 @@ def _units_wall_time(unit_runs: list[results.Run], started: float | None) -> flo
     return max(time.time() - started, 0.0) + earlier
 
 
-def merge_converged(cfg: converged.ConvergedConfig, unit_runs: list[results.Run],
-                    started: float | None = None) -> results.Run:
-    """The protocol's run: every unit's students (``converged``: one row per student and route), their curves, the
-    best route per student (``best``), α_ℓ per replicate and across replicates (``alpha``, ``alpha_summary``),
-    local slopes and the paired tied − independent difference at T = 1 (``separation``).
+def _merged_tables(protocol: str, unit_runs: list[results.Run]) -> dict[str, pd.DataFrame]:
+    """A protocol's merged tables from its units'.
+
+    converged: every student (``converged``: one row per student and route), their curves, the best route per
+    student (``best``), α_ℓ per replicate and across replicates (``alpha``, ``alpha_summary``), local slopes and the
+    paired tied − independent difference at T = 1 (``separation``).
+
+    certified: every stage (``stages``), curves, the certified students (``certified``: one per teacher, T,
+    replicate and depth, with the held-out / pool gap), α_ℓ per replicate for the envelope, every route and the
+    untrained warm starts (``alpha``) and across replicates (``alpha_summary``), the drop-one-depth refits
+    (``fragility``), local slopes with intervals (``slopes``), the paired difference on all depths and without each
+    (``separation``) and each replicate's power-law residuals (``power_law``)."""
+    def stacked(name):
+        return pd.concat([r.table(name) for r in unit_runs], ignore_index=True)
+    if protocol == "converged":
+        rows = stacked("converged")
+        best = converged.best_routes(rows)
+        per, alpha_summary = converged.alpha_tables(best)
+        return {"converged": rows, "curves": stacked("curves"), "best": best, "alpha": per,
+                "alpha_summary": alpha_summary, "slopes": converged.local_slopes(best),
+                "separation": pd.DataFrame([converged.separation(per)])}
+    stages, cert = stacked("stages"), certified.with_gap(stacked("certified"))
+    per = certified.alpha_tables(cert, stages)
+    return {"stages": stages, "curves": stacked("curves"), "certified": cert, "alpha": per,
+            "alpha_summary": certified.alpha_summary(per), "fragility": certified.fragility(cert),
+            "slopes": certified.local_slopes(cert), "separation": certified.separation(cert),
+            "power_law": certified.power_law_check(cert)}
+
+
+def merge_protocol(protocol: str, cfg, unit_runs: list[results.Run], started: float | None = None) -> results.Run:
+    """A protocol's run: its tables merged from its units' (:func:`_merged_tables`).
 
     Its manifest's ``wall_time_s`` is the whole run's: the units' (:func:`_units_wall_time`; ``started``: when the
     command began them), recorded as the earlier segments of the run, plus the merge (``merge_wall_time_s``);
     ``unit_wall_time_s`` is the units' wall times added up (more than the wall time when they ran side by side)."""
-    run = results.prepare_run(results.open_run(CONVERGED_EXPERIMENT, cfg.to_dict()))
+    p = PROTOCOLS[protocol]
+    run = results.prepare_run(results.open_run(p.experiment, cfg.to_dict()))
     before = None
     if not run.complete:             # the units are this run's earlier segments: the lifecycle adds the merge to them
         before = round(_units_wall_time(unit_runs, started), 3)
         run.path.mkdir(parents=True, exist_ok=True)
         run.record_elapsed(before)
-    with results.computing(CONVERGED_EXPERIMENT, cfg.to_dict(), profile=cfg.profile,
-                           code=(COMPUTE[CONVERGED_EXPERIMENT],), seed=cfg.seed, device="cpu") as job:
+    with results.computing(p.experiment, cfg.to_dict(), profile=cfg.profile,
+                           code=(COMPUTE[p.experiment],), seed=cfg.seed, device="cpu") as job:
         if job.complete:
             return job.run
         run = job.run
-        rows = pd.concat([r.table("converged") for r in unit_runs], ignore_index=True)
-        best = converged.best_routes(rows)
-        per, alpha_summary = converged.alpha_tables(best)
-        run.write_table("converged", rows)
-        run.write_table("curves", pd.concat([r.table("curves") for r in unit_runs], ignore_index=True))
-        run.write_table("best", best)
-        run.write_table("alpha", per)
-        run.write_table("alpha_summary", alpha_summary)
-        run.write_table("slopes", converged.local_slopes(best))
-        run.write_table("separation", pd.DataFrame([converged.separation(per)]))
+        for name, table in _merged_tables(protocol, unit_runs).items():
+            run.write_table(name, table)
         units = {r.path.name: {"cell": r.manifest.get("cell"), "wall_time_s": r.manifest.get("wall_time_s"),
                                "torch_threads": r.manifest.get("torch_threads")} for r in unit_runs}
         job.record(units=units, unit_wall_time_s=round(sum(u["wall_time_s"] or 0 for u in units.values()), 3),
@@ -451,8 +540,9 @@ def merge_converged(cfg: converged.ConvergedConfig, unit_runs: list[results.Run]
     return run
 
 
-def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None) -> results.Run:
-    """The protocol's run chapter 3 shows for ``profile`` (the one rule, :func:`depthlib.results.select_run`); if
+def protocol_run(protocol: str, profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,
+                 executor=None) -> results.Run:
+    """A protocol's run chapter 3 shows for ``profile`` (the one rule, :func:`depthlib.results.select_run`); if
     there is none, its units (one per teacher, temperature and replicate; tied ones first, they take longest) run
     now on ``executor`` (default: one process per core, each on one torch thread — the measured-fast layout)."""
     import os
@@ -460,27 +550,41 @@ def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = 
 
     from depthlib import executors
     results.check_profile(profile)
-    cfg = PROFILES[profile].converged
+    p = PROTOCOLS[protocol]
+    cfg = p.config(profile)
 
     def make() -> results.Run:
         started = time.time()
         cells = sorted(cfg.units(), key=lambda c: (-c["rho"], -c["temperature"], c["replicate"]))
-        units = [executors.Unit(_unit_label(c), "depthlib.toy.chapter:train_converged_unit",
-                                {"config": cfg.to_dict(), "cell": c, "device": device}) for c in cells]
+        if protocol == "certified":       # T = 1 first, a replicate of each teacher at a time: early units answer
+            cells = sorted(cfg.units(), key=lambda c: (-c["temperature"], c["replicate"], -c["rho"]))
+        units = [executors.Unit(p.label(c), "depthlib.toy.chapter:train_protocol_unit",
+                                {"protocol": protocol, "config": cfg.to_dict(), "cell": c, "device": device})
+                 for c in cells]
         ex = executor or executors.ExecutorConfig("joblib", jobs=max(1, min(os.cpu_count() or 1, len(units))),
                                                   threads=1)
         try:
-            done = executors.finished_runs(units, ex, f"converged protocol ({profile})")
+            done = executors.finished_runs(units, ex, f"{protocol} protocol ({profile})")
         except KeyboardInterrupt as err:           # the units run in their own lifecycles: say where they are kept
             if isinstance(err, results.RunInterrupted):
                 raise
-            folder = paths.local_results_dir() / CONVERGED_UNITS
+            folder = paths.local_results_dir() / p.units
             raise results.RunInterrupted(folder, f"every finished unit (a teacher, temperature and replicate) is kept "
                                                  f"under {folder}") from None
-        return merge_converged(cfg, done, started)
+        return merge_protocol(protocol, cfg, done, started)
 
-    return results.chapter_run(CONVERGED_EXPERIMENT, profile, make, rerun=rerun,
-                               expected_config=lambda p: PROFILES[p].converged.to_dict() if p in PROFILES else None)
+    return results.chapter_run(p.experiment, profile, make, rerun=rerun,
+                               expected_config=lambda q: p.config(q).to_dict() if q in PROFILES else None)
+
+
+def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None) -> results.Run:
+    """The converged protocol's run (:func:`protocol_run`)."""
+    return protocol_run("converged", profile, device, rerun=rerun, executor=executor)
+
+
+def certified_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None) -> results.Run:
+    """The certified protocol's run (:func:`protocol_run`)."""
+    return protocol_run("certified", profile, device, rerun=rerun, executor=executor)
 
 
 def paper_route(runs: dict[str, results.Run]) -> pd.DataFrame:
@@ -589,6 +693,35 @@ def replay_converged(run: results.Run) -> pd.DataFrame:
     curves = run.table("curves")
     mine = curves[(curves["teacher"] == "tied") & (curves["temperature"] == temp) & (curves["replicate"] == r)
                   & (curves["depth"] == depth) & (curves["route"] == route)]
+    out = pd.DataFrame(replayed, columns=["step", "replayed"])
+    return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="left")
+
+
+def replay_certified(run: results.Run) -> pd.DataFrame:
+    """Recompute the first evaluation interval of the first replicate's shallowest tied student on the Euler route at
+    T = 1 — built exactly as :func:`depthlib.toy.certified.train_unit` builds it — and return its committed and
+    recomputed held-out losses at step 0 (the untrained discretisation) and at that step."""
+    from depthlib.toy.engine import StudentSpec
+    from depthlib.toy.models import derive_seed, make_teacher
+    cfg = from_dict(certified.CertifiedConfig, run.config)
+    depth, route, r, cell = min(cfg.depths), "euler", 0, {"rho": 1.0, "temperature": 1.0, "replicate": 0}
+    teacher = make_teacher(1.0, derive_seed(cfg.seed, "teacher", r), cfg.shape())
+    spec = StudentSpec(0, cell["temperature"], depth, derive_seed(cfg.seed, "certified-student", r, depth, route))
+    every = cfg.steps // cfg.evals
+    eng = certified.PoolStudents(certified.make_pool(cfg, teacher, r),
+                                 derive_seed(cfg.seed, "certified-order", r, depth, route), [teacher], [spec],
+                                 certified.stage_training(cfg.lr_warm, cfg.decay_to), cfg.steps, data_seeds=[0],
+                                 test_seeds=[derive_seed(cfg.seed, "test", r)], batch=cfg.batch,
+                                 eval_batches=cfg.eval_batches, eval_batch_size=cfg.eval_batch_size,
+                                 shape=cfg.shape(), device="cpu", chunk=1)
+    eng.load_student(converged.euler_student(teacher, depth))
+    replayed = [(0, float(eng.evaluate()[0]))]
+    for _ in range(every):
+        eng.step()
+    replayed.append((every, float(eng.evaluate()[0])))
+    curves = run.table("curves")
+    mine = curves[(curves["teacher"] == "tied") & (curves["temperature"] == 1.0) & (curves["replicate"] == r)
+                  & (curves["depth"] == depth) & (curves["stage"] == route)]
     out = pd.DataFrame(replayed, columns=["step", "replayed"])
     return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="left")
 
