@@ -175,3 +175,63 @@ def fits_in_memory(what: str, need: float, device: str = "cpu", fix: str = "") -
         raise InputError(f"{what} would need about {_bytes(need)} of memory, more than the {_bytes(free)} available "
                          f"{'on ' + str(device) if str(device).startswith('cuda') else 'here'}"
                          + (f"; {fix}" if fix else ""))
+
+
+def enough_documents(corpus: str, n_docs: int, first: int = 0, first_flag: str = "--rank-docs") -> None:
+    """InputError, before a run is opened, if ``corpus`` has fewer than ``first`` + ``n_docs`` documents (``--docs``
+    after ``first`` others, e.g. the ranking documents of ``first_flag``): the run would use fewer than asked for,
+    with a warning, and cache them under the settings asked for. The streamed fineweb corpus is not counted."""
+    import warnings
+
+    from depthlib import data
+    need = first + n_docs
+    if corpus == "fineweb":
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # the shortfall is this check's one line
+        have = len(data.corpus(corpus, need))
+    if have >= need:
+        return
+    asked = f"{first_flag} {first} + --docs {n_docs} ask" if first else f"--docs {n_docs} asks"
+    fix = (f"ask for --docs {have - first} at most" if have > first else
+           f"lower {first_flag} below {have}") if first else f"ask for at most {have}"
+    raise InputError(f"{asked} for {need:,} documents, but corpus {corpus!r} has only {have}; {fix}")
+
+
+def _model_config(model: str) -> dict | None:
+    """The ``config.json`` of ``model`` (an offline model's converted folder, a local folder, or a hub id's copy in
+    the local Hugging Face cache), or None where none is at hand without the network."""
+    import json
+    from pathlib import Path
+
+    from depthlib.models.loading import OFFLINE_MODELS, ensure_converted
+    if model in OFFLINE_MODELS:
+        path = ensure_converted(model) / "config.json"
+    elif Path(model).expanduser().is_dir():
+        path = Path(model).expanduser() / "config.json"
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+            found = try_to_load_from_cache(model, "config.json")
+        except Exception:  # noqa: BLE001 - no hub package, a malformed id: the run says it on loading
+            return None
+        if not isinstance(found, str):
+            return None
+        path = Path(found)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def within_position_limit(model: str, max_length: int) -> None:
+    """InputError, before any run is opened or any model loaded, if ``max_length`` tokens exceed the position limit
+    ``model``'s config gives (``max_position_embeddings`` or ``n_positions``, as the loaded model is checked);
+    where no config is at hand the run checks it once the model is loaded."""
+    config = _model_config(model) or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    limit = next((c.get(k) for c in (config, text) for k in ("max_position_embeddings", "n_positions")
+                  if isinstance(c.get(k), int) and c.get(k) > 0), None)
+    if limit is not None and max_length > limit:
+        raise InputError(f"max_length {max_length} exceeds the model's position limit of {limit} tokens")

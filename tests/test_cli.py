@@ -205,11 +205,11 @@ def test_jsonl_null_text_is_refused(tiny_folders, cache, capsys, monkeypatch, tm
     assert "n.jsonl: line 2: 'text' must be a string, got null" in line
 
 
-def test_more_docs_than_the_corpus_warns_with_the_real_count(tiny_folders, cache, capsys, monkeypatch):
+def test_more_docs_than_the_corpus_is_refused_with_the_real_count(tiny_folders, cache, capsys, monkeypatch):
+    """The sweep's F4: it was clamped to the corpus with a warning, and cached under the settings asked for."""
     monkeypatch.chdir(tiny_folders / "a")
-    out, err = _ok(capsys, ["probes", "--model", "m", *PROBE[:2], "--docs", "40", *PROBE[4:], "--json"])
-    assert out["n_docs"] == 5
-    assert "[depthlib] warning: corpus 'c.txt' has only 5 documents; 40 were asked for, using all 5" in err
+    line = _fails(capsys, ["probes", "--model", "m", *PROBE[:2], "--docs", "40", *PROBE[4:], "--json"])
+    assert "--docs 40 asks for 40 documents, but corpus 'c.txt' has only 5; ask for at most 5" in line
 
 
 def test_documents_longer_than_the_position_limit_are_refused(tiny_folders, cache, capsys, monkeypatch):

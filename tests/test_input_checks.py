@@ -230,3 +230,44 @@ def test_lm_paper_on_a_cpu_runs_with_allow_cpu(cache, capsys, monkeypatch):
         main(["lm", "--profile", "paper", "--allow-cpu"])
     assert "--allow-cpu" in subprocess.run([sys.executable, "-m", "depthlib.cli", "lm", "--help"], text=True,
                                            capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
+
+
+# ---- the sweep's F4, F5: a corpus too short, a length past the model's positions: before any run is opened -----
+@pytest.fixture
+def no_run_opened(monkeypatch):
+    """Opening a run (the lifecycle's first step: a --force would delete it there) fails the test."""
+    from depthlib import lifecycle
+    monkeypatch.setattr(lifecycle, "prepare_run", lambda *a, **k: pytest.fail("opened the run before the check"))
+
+
+INTERVENTIONS = ["interventions", "--plan", "delete:1", "--rank-docs", "2"]
+
+
+@pytest.mark.parametrize("command", [["probes"], INTERVENTIONS])
+def test_more_docs_than_the_corpus_has_is_one_line(command, model, corpus, cache, capsys, no_run_opened):
+    """F4: ``--docs 1000000000`` was clamped to the corpus with a warning (a run of other settings than asked)."""
+    line = _fails(capsys, [*command, "--model", str(model), "--corpus", str(corpus), "--docs", "1000000000",
+                           "--max-length", "16"])
+    assert f"documents, but corpus {str(corpus)!r} has only {len(tiny.TEXTS)}; ask for" in line, line
+    assert "--docs 1000000000" in line and "1,000,000,0" in line, line
+    assert not (cache / "results").exists()
+
+
+def test_interventions_count_the_ranking_documents_too(model, corpus, cache, capsys, no_run_opened):
+    n = len(tiny.TEXTS)
+    line = _fails(capsys, [*INTERVENTIONS[:-2], "--rank-docs", str(n - 1), "--model", str(model), "--corpus",
+                           str(corpus), "--docs", "2", "--max-length", "16"])
+    assert line.endswith(f"error: --rank-docs {n - 1} + --docs 2 ask for {n + 1} documents, but corpus "
+                         f"{str(corpus)!r} has only {n}; ask for --docs 1 at most"), line
+
+
+@pytest.mark.parametrize("command", [["probes"], INTERVENTIONS])
+@pytest.mark.parametrize("length", ["129", "1000000000"])
+def test_max_length_past_the_position_limit_is_checked_before_the_run_opens(command, length, model, corpus, cache,
+                                                                            capsys, no_run_opened):
+    """F5: the position limit was checked once the model was loaded, in the opened run (probes left its folder with
+    a progress.json behind; a --force had deleted the run first)."""
+    line = _fails(capsys, [*command, "--model", str(model), "--corpus", str(corpus), "--docs", "2",
+                           "--max-length", length])
+    assert f"max_length {length} exceeds the model's position limit of 128 tokens" in line, line
+    assert not (cache / "results").exists()

@@ -154,7 +154,12 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeCon
     from depthlib import paths, validate
     from depthlib.probes import SHARD_EXPERIMENT, open_probe_run, run_probe
     cfg = (config or ProbeConfig()).validate()
+
+    def check() -> None:                     # before a run is opened (a --force deletes it) or a model is loaded
+        validate.within_position_limit(model, cfg.max_length)
+        validate.enough_documents(corpus, n_docs)
     if executor is None or executor.kind == "serial":
+        check()
         folder = open_probe_run(model, corpus, n_docs, cfg).path
         with results.guarding(folder, f"finished documents are checkpointed in {folder} (every 4 batches)"):
             return _checked(lambda: run_probe(model, corpus, n_docs, cfg, profile=profile, progress=progress,
@@ -163,6 +168,7 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeCon
         raise InputError("--force works with --executor serial only")
     from depthlib.probes import shards as sharding
     n = validate.int_in_range("--shards", shards if shards is not None else executor.jobs, 1)
+    check()
     folder = paths.local_results_dir() / SHARD_EXPERIMENT
     with results.guarding(folder, f"finished shards and their checkpoints are under {folder}"):
         return _checked(lambda: sharding.run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile))
