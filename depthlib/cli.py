@@ -288,7 +288,7 @@ def _add_probes(sub) -> None:
                    help="auto: bf16 on CUDA, fp32 on CPU (metrics are always fp32)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--no-lenses", action="store_true", help="skip the per-layer lens losses")
-    p.add_argument("--lens-tokens", type=int, default=16, metavar="K",
+    p.add_argument("--lens-tokens", type=int, default=None, metavar="K",
                    help="tokens per document scored by the lenses (0: all, as the paper; default 16)")
     p.add_argument("--lens-docs", type=int, default=None, metavar="N", help="only the first N documents get lenses")
     p.add_argument("--seed", type=int, default=0, help="seed of the token sample and lens sampling (>= 0)")
@@ -303,11 +303,16 @@ def _add_probes(sub) -> None:
 
 def _cmd_probes(args) -> dict[str, Any]:
     from depthlib import probes
+    lensing = [f for f, v in (("--lens-tokens", args.lens_tokens), ("--lens-docs", args.lens_docs)) if v is not None]
+    if args.no_lenses and lensing:
+        raise InputError(f"{' and '.join(lensing)} {'sets' if len(lensing) == 1 else 'set'} the lenses, which "
+                         f"--no-lenses turns off: drop one or the other")
+    lens_tokens = 16 if args.lens_tokens is None else args.lens_tokens          # the help's default
     cfg = probes.ProbeConfig(max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
                              device=args.device, lenses=not args.no_lenses,
-                             lens_tokens_per_doc=args.lens_tokens or None, lens_docs=args.lens_docs, seed=args.seed)
-    if args.lens_tokens < 0:
-        raise InputError(f"--lens-tokens must be >= 0 (0: all tokens), got {args.lens_tokens}")
+                             lens_tokens_per_doc=lens_tokens or None, lens_docs=args.lens_docs, seed=args.seed)
+    if lens_tokens < 0:
+        raise InputError(f"--lens-tokens must be >= 0 (0: all tokens), got {lens_tokens}")
     from depthlib import validate
     from depthlib.probes import chapter
     if args.corpus not in ("sotu", "fineweb"):

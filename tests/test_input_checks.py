@@ -271,3 +271,23 @@ def test_max_length_past_the_position_limit_is_checked_before_the_run_opens(comm
                            "--max-length", length])
     assert f"max_length {length} exceeds the model's position limit of 128 tokens" in line, line
     assert not (cache / "results").exists()
+
+
+# ---- the sweep's F6: flags that contradict each other ------------------------------------------------------
+def test_toy_tf32_on_the_cpu_is_one_line(cache, capsys, monkeypatch):
+    """``--tf32`` allows TF32 matmuls on CUDA: on the CPU it changed nothing but the run's cache key."""
+    from depthlib.toy import chapter
+    monkeypatch.setattr(chapter, "run_sweep", lambda *a, **k: pytest.fail("trained with --tf32 on the CPU"))
+    line = _fails(capsys, ["toy", "--tf32"])
+    assert "--tf32" in line and "CUDA" in line and "cpu" in line, line
+    with pytest.raises(validate.InputError, match="--tf32"):
+        chapter.compute(chapter.profile_config("smoke"), "cpu", allow_tf32=True)
+
+
+@pytest.mark.parametrize("flag", [["--lens-tokens", "4"], ["--lens-tokens", "0"], ["--lens-docs", "2"]])
+def test_probes_lens_settings_without_lenses_are_one_line(flag, model, corpus, cache, capsys, monkeypatch):
+    from depthlib.probes import chapter
+    monkeypatch.setattr(chapter, "compute", lambda *a, **k: pytest.fail("probed with contradictory flags"))
+    line = _fails(capsys, ["probes", "--model", str(model), "--corpus", str(corpus), "--docs", "2", "--no-lenses",
+                           *flag])
+    assert f"{flag[0]} sets the lenses, which --no-lenses turns off" in line, line

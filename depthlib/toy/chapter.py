@@ -145,6 +145,10 @@ def compute(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progr
     damaged folder is repaired, losing only what is unreadable; ``force`` deletes the run first). With an
     :class:`~depthlib.executors.ExecutorConfig` other than serial, the phase-diagram sweep is trained as one shard
     per ρ (:mod:`depthlib.toy.shards`)."""
+    from depthlib.validate import resolve_device
+    if allow_tf32 and resolve_device(device).type != "cuda":
+        raise InputError(f"--tf32 allows TF32 matmuls on CUDA, but this run is on {device} (--device {device}): "
+                         "drop --tf32, or run on a GPU with --device cuda")
     if executor is not None and executor.kind != "serial" and experiment == EXPERIMENT:
         if force or allow_tf32:
             raise InputError("--force and --tf32 work with --executor serial only")
