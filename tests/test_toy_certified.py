@@ -151,3 +151,24 @@ def test_the_distilled_student_is_a_student_of_the_reference_network():
     net = ResidualNet.from_weights(w, CFG.shape(), "euler", "fixed")
     assert net.hidden(torch.randn(5, CFG.d_model)).shape == (5, CFG.d_model)
     assert torch.equal(w.head, t.fixed_head)
+
+
+def test_smoke_run_merges_reports_and_draws(roots):
+    """The smoke profile end to end through the chapter (units, merge, summary, findings, figures): every sentence
+    carries its numbers and every figure draws marks with titled axes."""
+    from depthlib import plots
+    from depthlib.plots import toy as figs
+    from depthlib.toy import chapter
+    run = chapter.certified_run("smoke")
+    cert, stages = run.table("certified"), run.table("stages")
+    assert len(cert) == 6 * 3 and set(run.table("separation")["fit"]) >= {"all depths"}
+    summary = chapter.summary(run)
+    assert summary["heldout_in_pool"] == 0 and summary["students_certified"].endswith(f"of {len(cert)}")
+    lines = chapter.certified_findings(run)
+    assert any(line.startswith("tied teacher, T = 1: α_ℓ = ") for line in lines)
+    assert any(line.startswith("Tied minus independent") for line in lines)
+    routes = stages[~stages["stage"].str.contains("+", regex=False)]
+    for fig in (figs.converged_losses(cert, routes), figs.continuation_gains(stages, C.GAIN_BELOW),
+                figs.alpha_by_fit(run.table("alpha_summary"), run.table("fragility"))):
+        assert plots.figure_problems(fig) == []
+    assert chapter.replay(run)[["committed", "replayed"]].notna().all().all()

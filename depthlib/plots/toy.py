@@ -13,6 +13,9 @@
 * :func:`converged_losses`      the converged protocol's best losses against depth: both teachers, the untrained
                                 Euler discretisation and the committed from-scratch students
 * :func:`converged_routes`      every route's loss relative to the best one, per depth (which route wins where)
+* :func:`continuation_gains`    the certified protocol's continuation gains per student, the 2 % certificate marked
+* :func:`alpha_by_fit`          the certified protocol's α_ℓ per fit (envelope, each route, untrained warm starts)
+                                with intervals, and the drop-one-depth range
 """
 from __future__ import annotations
 
@@ -263,9 +266,10 @@ def calibration_losses(curves: pd.DataFrame):
 
 def converged_losses(best: pd.DataFrame, rows: pd.DataFrame, paper: pd.DataFrame | None = None,
                      temperature: float = 1.0):
-    """Converged test loss against depth (log–log) at ``temperature``: each replicate's best route (small markers),
-    their geometric mean with its power-law fit (line), the tied teacher's untrained Euler discretisation (dotted)
-    and, if given, the committed from-scratch students (open markers)."""
+    """Converged test loss against depth (log–log) at ``temperature``: each replicate's best route (small markers;
+    crossed where a ``certified`` column says a student is not certified), their geometric mean with its power-law
+    fit (line), the tied teacher's untrained Euler discretisation (dotted) and, if given, the committed from-scratch
+    students (open markers). ``best``: the converged protocol's ``best`` or the certified protocol's ``certified``."""
     b = best[best["temperature"] == temperature]
     depths = sorted(b["depth"].unique())
     fig = plots.new_figure(f"Converged loss against depth, T = {temperature:g}", "student depth ℓ (blocks)",
@@ -278,6 +282,10 @@ def converged_losses(best: pd.DataFrame, rows: pd.DataFrame, paper: pd.DataFrame
                                  marker=dict(color=plots.color(i), size=6, opacity=0.5),
                                  customdata=g[["replicate", "route"]],
                                  hovertemplate="ℓ=%{x}, replicate %{customdata[0]}: %{y:.3g} (%{customdata[1]})"))
+        if "certified" in g and not g["certified"].all():
+            u = g[~g["certified"].astype(bool)]
+            fig.add_trace(go.Scatter(x=u["depth"], y=u["test_loss"], mode="markers", name=f"{teacher}: not certified",
+                                     marker=dict(color=plots.color(i), size=12, symbol="x-open", line=dict(width=2))))
         mean = g.groupby("depth")["test_loss"].apply(lambda v: float(np.exp(np.log(v).mean())))
         fit = analysis.fit_power_law(mean.index, mean.values)
         x, y = plots.power_law_line(np.array(depths, float), fit["c"], fit["alpha"])
@@ -349,3 +357,60 @@ def alpha_refit_panel(curves: pd.DataFrame) -> None:
     all_depths, all_steps = sorted(curves.depth.unique()), sorted(curves.step.unique())
     widgets.interact_manual(refit, depths=widgets.SelectMultiple(options=all_depths, value=tuple(all_depths)),
                             steps=widgets.SelectionRangeSlider(options=all_steps, index=(0, len(all_steps) - 1)))
+
+
+def continuation_gains(stages: pd.DataFrame, gain_below: float):
+    """Every continuation's gain (held-out loss before − after, ÷ before, in %) against student depth, one marker
+    per continuation (hover: replicate, round), a dropdown per teacher and temperature; the certificate's threshold
+    is the dashed line: a student is certified by the first continuation below it."""
+    c = stages[stages["stage"].str.contains("+", regex=False)].copy()
+    c["round"] = c["stage"].str.split("+c", regex=False).str[1].astype(int)
+    c["gain_pct"] = 100 * c["gain"]
+    cells = sorted({(t, T) for t, T in zip(c["teacher"], c["temperature"])}, key=lambda k: (k[0] != "tied", -k[1]))
+    rounds = sorted(c["round"].unique())
+    fig = plots.new_figure("Continuation gains: the certificate", "student depth ℓ (blocks)",
+                           "held-out loss gained by a continuation (%)", log_x=True)
+    for k, (teacher, T) in enumerate(cells):
+        g = c[(c["teacher"] == teacher) & (c["temperature"] == T)]
+        for i, rnd in enumerate(rounds):
+            r = g[g["round"] == rnd]
+            fig.add_trace(go.Scatter(x=r["depth"], y=r["gain_pct"], mode="markers", visible=k == 0,
+                                     name=f"continuation {rnd}", legendgroup=str(rnd),
+                                     marker=dict(color=plots.color(i), size=9, opacity=0.8),
+                                     customdata=r[["replicate", "route"]],
+                                     hovertemplate="ℓ=%{x}, replicate %{customdata[0]} (%{customdata[1]}): "
+                                                   "%{y:.2f} %"))
+    fig.add_hline(y=100 * gain_below, line=dict(color="#444", dash="dash"),
+                  annotation_text=f"certified below {100 * gain_below:g} %")
+    fig.add_hline(y=0, line=dict(color="#999", width=1))
+    n = len(rounds)
+    plots.dropdown(fig, [dict(label=f"{t}, T = {T:g}", method="update",
+                              args=[{"visible": [j // n == k for j in range(n * len(cells))]}])
+                         for k, (t, T) in enumerate(cells)])
+    fig.update_xaxes(**plots.log_ticks(sorted(c["depth"].unique())))
+    return fig
+
+
+def alpha_by_fit(summary: pd.DataFrame, fragility: pd.DataFrame):
+    """α_ℓ with its 95 % interval for every fit of the certified protocol (the envelope of certified students, each
+    route's own students, the untrained warm starts), one row per fit and a colour per teacher and temperature; the
+    envelope's drop-one-depth range is the thick bar beside it."""
+    cells = sorted({(t, T) for t, T in zip(summary["teacher"], summary["temperature"])},
+                   key=lambda k: (k[0] != "tied", -k[1]))
+    fits = ["envelope"] + sorted(f for f in summary["fit"].unique() if f != "envelope")
+    fig = plots.new_figure("Depth exponent by fit", "α_ℓ (−d log L / d log ℓ, dimensionless)", "fit")
+    for k, (teacher, T) in enumerate(cells):
+        g = summary[(summary["teacher"] == teacher) & (summary["temperature"] == T)].set_index("fit").reindex(fits)
+        fig.add_trace(go.Scatter(x=g["alpha"], y=[f"{f}" for f in fits], mode="markers",
+                                 name=f"{teacher}, T = {T:g}", marker=dict(color=plots.color(k), size=9),
+                                 error_x=dict(type="data", symmetric=False, array=g["hi"] - g["alpha"],
+                                              arrayminus=g["alpha"] - g["lo"])))
+        f = fragility[(fragility["teacher"] == teacher) & (fragility["temperature"] == T)
+                      & fragility["fit"].str.startswith("without")]
+        if len(f):
+            fig.add_trace(go.Scatter(x=[f["alpha"].min(), f["alpha"].max()], y=["envelope drop-one range"] * 2,
+                                     mode="lines+markers", line=dict(color=plots.color(k), width=6),
+                                     name=f"{teacher}, T = {T:g}: without one depth", showlegend=False))
+    for x, label in ((1.0, "ensemble ≈ 1"), (3.0, "procedural ≈ 3")):
+        fig.add_vline(x=x, line=dict(color="#999", dash="dot"), annotation_text=label)
+    return fig

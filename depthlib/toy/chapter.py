@@ -673,6 +673,61 @@ def converged_findings(run: results.Run, paper: pd.DataFrame | None = None) -> l
     return lines
 
 
+def certified_findings(run: results.Run) -> list[str]:
+    """The chapter's sentences about the certified protocol, generated from its tables (no number typed by hand): per
+    teacher and temperature the envelope's α_ℓ with its interval, its drop-one-depth range and local slopes, how many
+    students are certified (and the gains of those that are not), the held-out / pool gap, the untrained warm
+    starts' exponents; the tied − independent difference under every refit; the exact held-out check."""
+    cfg = from_dict(certified.CertifiedConfig, run.config)
+    summary, frag, slopes = run.table("alpha_summary"), run.table("fragility"), run.table("slopes")
+    cert, sep, per = run.table("certified"), run.table("separation"), run.table("alpha")
+    lines = []
+    for r in summary[summary["fit"] == "envelope"].itertuples():
+        cell = (cert["teacher"] == r.teacher) & (cert["temperature"] == r.temperature)
+        c = cert[cell]
+        f = frag[(frag["teacher"] == r.teacher) & (frag["temperature"] == r.temperature)
+                 & frag["fit"].str.startswith("without")]
+        s = slopes[(slopes["teacher"] == r.teacher) & (slopes["temperature"] == r.temperature)
+                   & (slopes["replicate"] == -1)]
+        reps = per[(per["fit"] == "envelope") & (per["teacher"] == r.teacher) & (per["temperature"] == r.temperature)]
+        local = ", ".join(f"{a.depth_from}→{a.depth_to}: {a.slope:.2f}" + (f" [{a.lo:.2f}, {a.hi:.2f}]"
+                                                                            if np.isfinite(a.lo) else "")
+                          for a in s.itertuples())
+        open_ = c[~c["certified"]]
+        lines.append(
+            f"{r.teacher} teacher, T = {r.temperature:g}: α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] ({r.interval}); "
+            f"per replicate {', '.join(f'{a:.2f}' for a in reps['alpha'])}; without one depth "
+            f"{f['alpha'].min():.2f} to {f['alpha'].max():.2f}; local slopes {local}. "
+            f"{int(c['certified'].sum())} of {len(c)} students certified"
+            + ("" if open_.empty else " (not: " + "; ".join(
+                f"replicate {u.replicate} ℓ = {u.depth}, gains {u.continuation_gains}" for u in open_.itertuples())
+               + ")")
+            + f"; {int(c['within_gap'].sum())} of {len(c)} within {certified.GAP_BELOW:.0%} of their pool loss "
+            f"(held-out ÷ pool − 1 from {c['gap'].min():+.1%} to {c['gap'].max():+.1%}).")
+    untrained = summary[summary["fit"].str.startswith("untrained")]
+    for r in untrained.itertuples():
+        env = summary[(summary["fit"] == "envelope") & (summary["teacher"] == r.teacher)
+                      & (summary["temperature"] == r.temperature)]
+        if len(env):
+            lines.append(f"{r.teacher} teacher, T = {r.temperature:g}: the {r.fit.removeprefix('untrained ')} warm "
+                         f"start, untrained, has α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] against "
+                         f"{env['alpha'].iloc[0]:.2f} trained and certified.")
+    if len(sep):
+        every = sep[sep["fit"] == "all depths"].iloc[0]
+        drops = sep[sep["fit"] != "all depths"]
+        apart = bool((sep["lo"] > 0).all())
+        lines.append(f"Tied minus independent at T = {every['temperature']:g}, paired by replicate: Δα_ℓ = "
+                     f"{every['diff']:+.2f} [{every['lo']:+.2f}, {every['hi']:+.2f}] (95 % t over {int(every['n'])} "
+                     f"replicates); without one depth {drops['diff'].min():+.2f} to {drops['diff'].max():+.2f}, lower "
+                     f"bounds {drops['lo'].min():+.2f} to {drops['lo'].max():+.2f}: "
+                     + ("the interval excludes 0 under every refit." if apart else
+                        "under at least one refit the interval includes 0."))
+    lines.append(f"Every route trains {cfg.steps:,} steps × {cfg.batch} at every depth and every continuation "
+                 f"{cfg.continuation_steps():,}; held-out inputs found in a training pool: "
+                 f"{int(cert['heldout_in_pool'].max())} (checked row by row, exactly).")
+    return lines
+
+
 def replay_converged(run: results.Run) -> pd.DataFrame:
     """Recompute the first evaluation interval (5 % of its steps) of the first replicate's deepest tied student on the
     Euler route at T = 1 — built exactly as :func:`depthlib.toy.converged.train_student` builds it — and return its
