@@ -41,6 +41,9 @@ STATUSES = ("reproduced", "partly", "not reproduced", "contradicted", "not teste
 _WEAKNESS = {"not tested here": 4, "contradicted": 3, "not reproduced": 2, "partly": 1, "reproduced": 0}
 #: the converged toy calibration (the lead's ``toy-converged`` experiment, table ``alpha_summary``)
 CONVERGED_EXPERIMENT, CONVERGED_TABLE = "toy-converged", "alpha_summary"
+#: the certified toy calibration (``toy-certified``: its ``alpha_summary`` rows of fit ``envelope`` and its
+#: ``certified`` students), preferred to the converged one when both exist
+CERTIFIED_EXPERIMENT = "toy-certified"
 
 
 @dataclass(frozen=True)
@@ -273,22 +276,32 @@ def _chapter2(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     return out
 
 
-def _converged_summary(profile: str, rerun: bool) -> tuple[pd.DataFrame | None, str | None]:
-    """The converged calibration's ``alpha_summary`` (teacher, temperature, alpha, lo, hi, replicates), with the
-    number of its fitted students that are converged (``n_converged`` of ``n_students``), and its profile, when a
-    complete run of ``toy-converged`` exists."""
+def _converged_summary(profile: str, rerun: bool) -> tuple[pd.DataFrame | None, str | None, str, str]:
+    """Chapter 3's calibration exponents (teacher, temperature, alpha, lo, hi, replicates), with how many of the
+    fitted students are converged (``n_converged`` of ``n_students``), its profile and the protocol's name: from a
+    complete ``toy-certified`` run (its envelope; converged = certified by a continuation) when there is one, else
+    from ``toy-converged`` (converged = its 1 % rule)."""
+    run = _select(CERTIFIED_EXPERIMENT, profile, None, rerun)
+    if run is not None and {"alpha_summary", "certified"} <= set(run.tables()):
+        summary = run.table("alpha_summary")
+        summary = summary[summary["fit"] == "envelope"]
+        counts = run.table("certified").groupby(["teacher", "temperature"])["certified"].agg(
+            n_converged="sum", n_students="size")
+        return (summary.merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
+                "certified protocol", "certified")
     run = _select(CONVERGED_EXPERIMENT, profile, None, rerun)
     if run is None or CONVERGED_TABLE not in run.tables():
-        return None, None
+        return None, None, "", ""
     best = run.table("best")
     counts = best.groupby(["teacher", "temperature"])["converged"].agg(n_converged="sum", n_students="size")
-    return run.table(CONVERGED_TABLE).merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile
+    return (run.table(CONVERGED_TABLE).merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
+            "converged-loss protocol", "converged")
 
 
 def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib.toy import analysis, chapter
     out: dict[str, list[Measurement]] = {}
-    conv, conv_profile = _converged_summary(profile, rerun)
+    conv, conv_profile, protocol, word = _converged_summary(profile, rerun)
     if conv is not None:
         for teacher, key in (("tied", "tied_alpha"), ("independent", "independent_alpha")):
             t = conv[conv["teacher"] == teacher]
@@ -296,16 +309,16 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                 r = t.loc[t["temperature"].idxmax()]
                 out[key] = [Measurement(f"toy, {teacher} teacher, T = {r['temperature']:g}", float(r["alpha"]),
                                         float(r["lo"]), float(r["hi"]), conv_profile,
-                                        f"converged-loss protocol, {int(r['replicates'])} replicate(s); "
-                                        f"{int(r['n_converged'])} of {int(r['n_students'])} students converged",
+                                        f"{protocol}, {int(r['replicates'])} replicate(s); "
+                                        f"{int(r['n_converged'])} of {int(r['n_students'])} students {word}",
                                         converged=bool(r["n_converged"] == r["n_students"]))]
         tied = conv[conv["teacher"] == "tied"]
         if len(tied):
             r = tied.loc[tied["temperature"].idxmin()]
             out["low_t_incomplete"] = [Measurement(f"toy, tied teacher, T = {r['temperature']:g}", float(r["alpha"]),
                                                    float(r["lo"]), float(r["hi"]), conv_profile,
-                                                   f"converged-loss protocol; {int(r['n_converged'])} of "
-                                                   f"{int(r['n_students'])} students converged",
+                                                   f"{protocol}; {int(r['n_converged'])} of "
+                                                   f"{int(r['n_students'])} students {word}",
                                                    converged=bool(r["n_converged"] == r["n_students"]))]
     else:
         cal = {}

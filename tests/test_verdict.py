@@ -155,3 +155,27 @@ def test_committed_runs_give_a_row_per_claim_with_a_status():
     assert not shown.isna().any().any() and "nan" not in shown.to_string().lower()
     md = verdict.markdown(rows)
     assert md.count("**") // 2 == len(rows) and all(c.claim in md for c in verdict.CLAIMS)
+
+
+def test_chapter3_prefers_a_certified_run_and_an_uncertified_student_decides_nothing(tmp_path, monkeypatch):
+    """With a certified run beside a converged one, chapter 3's rows come from the certified run's envelope, and a
+    cell with a student the continuations did not certify is 'not reproduced' (it cannot decide)."""
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    root = results.paths.local_results_dir()
+    _converged_run(root, [dict(teacher="tied", temperature=1.0, alpha=9.0, lo=8.0, hi=10.0, replicates=3)])
+    run = results.open_run(verdict.CERTIFIED_EXPERIMENT, {"synthetic": True}, root=root)
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.write_table("alpha_summary", pd.DataFrame([
+        dict(fit="envelope", teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3),
+        dict(fit="route scratch", teacher="tied", temperature=1.0, alpha=0.5, lo=0.4, hi=0.6, replicates=3),
+        dict(fit="envelope", teacher="independent", temperature=1.0, alpha=1.0, lo=0.9, hi=1.1, replicates=3)]))
+    run.write_table("certified", pd.DataFrame([dict(teacher=t, temperature=1.0, depth=d,
+                                                    certified=not (t == "independent" and d == 24))
+                                               for t in ("tied", "independent") for d in (6, 12, 24)]))
+    run.finish(profile="cpu", seed=0, wall_time_s=1.0, code=["depthlib.measures"])
+    rows_out = {r.claim.key: r for r in verdict.verdict("cpu", rerun=True, chapters=[3])}
+    tied = rows_out["tied_alpha"]
+    assert tied.measurements[0].value == 2.9 and "certified protocol" in tied.measurements[0].note
+    assert tied.status == "reproduced"
+    assert rows_out["independent_alpha"].status == "not reproduced"
+    assert "2 of 3 students certified" in rows_out["independent_alpha"].measurements[0].note
