@@ -291,3 +291,25 @@ def test_probes_lens_settings_without_lenses_are_one_line(flag, model, corpus, c
     line = _fails(capsys, ["probes", "--model", str(model), "--corpus", str(corpus), "--docs", "2", "--no-lenses",
                            *flag])
     assert f"{flag[0]} sets the lenses, which --no-lenses turns off" in line, line
+
+
+# ---- the sweep's F1: a toy sweep that cannot fit in memory --------------------------------------------------
+def test_a_toy_sweep_beyond_memory_is_one_line_before_training(cache, capsys, monkeypatch):
+    """``--depths 4096 4095 --replicates 1000`` (each within its own bound) asked the engine for terabytes: a
+    traceback from the allocator, or a machine swapping for minutes."""
+    from depthlib.toy import chapter
+    monkeypatch.setattr(chapter, "run_sweep", lambda *a, **k: pytest.fail("built the engine"))
+    monkeypatch.setattr(validate, "available_memory", lambda device="cpu": 64 * 2**30)
+    line = _fails(capsys, ["toy", "--depths", "4096", "4095", "--replicates", "1000"])
+    assert "a toy sweep of 12,000 students" in line and "TiB of memory, more than the 64.0 GiB available" in line, line
+    assert "--depths" in line and "--replicates" in line, line
+    assert not (cache / "results").exists()
+    monkeypatch.setattr(validate, "available_memory", lambda device="cpu": 2**30)        # 1 GiB: the smoke sweep fits
+    assert chapter.sweep_memory(chapter.profile_config("smoke"), "cpu") < 2**28
+
+
+def test_a_toy_sweep_beyond_memory_is_one_line_in_a_subprocess(tmp_path):
+    done = _subprocess(["toy", "--depths", "4096", "4095", "--replicates", "1000", "--rho", "0", "0.5", "1",
+                        "--temperature", "0.1", "1"], tmp_path / "cache")
+    assert done.returncode == 2, done.stderr
+    assert "would need about" in _one_line(done.stderr)

@@ -153,9 +153,58 @@ def compute(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progr
         if force or allow_tf32:
             raise InputError("--force and --tf32 work with --executor serial only")
         from depthlib.toy import shards
+        _check_memory(cfg, device, executor)
         return shards.run_sharded(cfg, executor, device)
+    _check_memory(cfg, device, allow_tf32=allow_tf32, root=root, experiment=experiment)
     return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root, experiment=experiment,
                      force=force)
+
+
+def sweep_memory(cfg: SweepConfig, device: str = "cpu") -> float:
+    """Bytes a sweep's engine (:class:`depthlib.toy.engine.BatchedStudents`) allocates while it trains, about: every
+    student's parameters with their gradients and Adam moments (4 copies), a fixed head per student, the teachers,
+    the held-out batches and their targets, and the activations one training step keeps for its backward pass (4
+    students at a time on the CPU, all of them on a GPU)."""
+    from depthlib.toy.models import variant
+    shape, train = cfg.shape(), variant(cfg.variant)
+    d, hidden, vocab = shape.d_model, shape.d_mlp, shape.vocab
+    unit = 2 * d * hidden + hidden                                 # W_up, b_up, W_down of one MLP unit
+    per_block = 2 if train.block == "rk2" else 1
+    students = cfg.n_students
+    teachers = cfg.replicates * len({c[0] for c in cfg.cells})
+    head = students * d * vocab
+    params = per_block * len(cfg.cells) * cfg.replicates * sum(cfg.depths) * unit + head * (train.head == "trained")
+    floats = 4 * params + head * (train.head == "fixed")
+    floats += 2 * teachers * (shape.teacher_depth * unit + d * vocab)            # built, then stacked
+    floats += cfg.replicates * cfg.eval_batches * cfg.eval_batch_size * d + teachers * cfg.eval_batches \
+        * cfg.eval_batch_size * vocab                                               # held-out inputs, targets
+    chunk = min(students, 4 if str(device) == "cpu" else students)                # build_engine's chunk
+    deepest = sorted(cfg.depths, reverse=True) * (len(cfg.cells) * cfg.replicates)
+    deepest = sorted(deepest, reverse=True)[:chunk]                 # the first chunk (deepest first) keeps the most
+    floats += cfg.batch * (per_block * sum(deepest) * (2 * hidden + 2 * d + 1) + 3 * chunk * vocab
+                           + teachers * vocab)                                      # one step's activations
+    return 4.0 * floats
+
+
+def _check_memory(cfg: SweepConfig, device: str, executor=None, **run) -> None:
+    """InputError, before any run is opened or any teacher built, if the sweep (with a joblib ``executor``: the
+    shards that run at once, one per ρ) would need more memory than ``device`` has (:func:`sweep_memory`); a
+    finished run in the cache (``run``: where :func:`depthlib.toy.sweep.open_sweep_run` looks) needs none."""
+    from depthlib import validate
+    from depthlib.toy.sweep import open_sweep_run
+    if open_sweep_run(cfg, **run).complete:
+        return
+    need = sweep_memory(cfg, device)
+    if executor is not None and executor.kind == "joblib":
+        from depthlib.toy.shards import shard_configs
+        parts = sorted((sweep_memory(s, device) for s in shard_configs(cfg)), reverse=True)
+        need = sum(parts[: max(1, executor.jobs)])
+    elif executor is not None and executor.kind == "submitit":
+        return                                   # jobs on other machines (a SLURM node has its own memory)
+    validate.fits_in_memory(
+        f"a toy sweep of {cfg.n_students:,} students (depths up to {max(cfg.depths)}, {len(cfg.cells)} (ρ, T) cells "
+        f"× {cfg.replicates} replicates)", need, str(device),
+        fix="use fewer or shallower --depths, fewer --replicates, or fewer --rho / --temperature values")
 
 
 def sweep_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None,
