@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.measures import fit_power_law
 from depthlib.toy import analysis
@@ -98,9 +99,10 @@ def stage_training(lr_scale: float, decay_to: float) -> StageTraining:
 
 # ---- the protocol's settings --------------------------------------------------------------------------
 @dataclass(frozen=True)
-class CertifiedConfig:
+class CertifiedConfig(Profile):
     """One run of the protocol. ``cells`` are (ρ, T, replicates); the teacher and held-out inputs of replicate r are
-    the committed calibration's (``derive_seed(seed, 'teacher', r)``, ``derive_seed(seed, 'test', r)``)."""
+    the committed calibration's (``derive_seed(seed, 'teacher', r)``, ``derive_seed(seed, 'test', r)``). To and from
+    a run's JSON by the one (de)serialiser, :class:`depthlib.contract.Profile`."""
 
     profile: str
     cells: tuple = ((1.0, 1.0, 3), (0.0, 1.0, 3), (1.0, 0.01, 3))
@@ -130,16 +132,6 @@ class CertifiedConfig:
 
     def routes(self, rho: float) -> tuple[str, ...]:
         return ROUTES if rho == 1.0 else tuple(r for r in ROUTES if r != "euler")
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["cells"] = [list(c) for c in self.cells]
-        d["depths"] = list(self.depths)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "CertifiedConfig":
-        return cls(**{**d, "cells": tuple(tuple(c) for c in d["cells"]), "depths": tuple(d["depths"])})
 
     def validate(self) -> "CertifiedConfig":
         if len(set(self.depths)) < 3 or min(self.depths) < 1:
