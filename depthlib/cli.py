@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from depthlib.errors import InputError, MachineError
-from depthlib.results import PROFILE_RANK, CheckpointWriteError
+from depthlib.results import PROFILE_RANK, CheckpointWriteError, RunInterrupted
 
 PROFILES = PROFILE_RANK[::-1]   # smoke, cpu, paper: the one list of profiles (depthlib.results)
 
@@ -741,9 +741,13 @@ def _run(args: argparse.Namespace, argv: list[str], prefix: str) -> int:
         return 0
     except KeyboardInterrupt as err:
         saves = getattr(err, "saves", None)            # results.RunInterrupted: what the run keeps, and where
-        said = (f"{saves}; run `{_resume_command(argv)}` again to resume" if saves
-                else "nothing was saved (this command keeps no partial results); run it again to redo it")
-        _say(f"{prefix}: interrupted: {said}", last=True)
+        if saves:
+            _say(f"{prefix}: interrupted: {saves}; run `{_resume_command(argv)}` again to resume", last=True)
+        elif isinstance(err, RunInterrupted):          # before its folder was written: none is named
+            _say(f"{prefix}: interrupted before anything was saved; run `{_resume_command(argv)}` again", last=True)
+        else:
+            _say(f"{prefix}: interrupted: nothing was saved (this command keeps no partial results); run it again "
+                 "to redo it", last=True)
         return 130
     except MachineError as err:
         _say(f"{prefix}: error: {' '.join(str(err).split())}", last=True)

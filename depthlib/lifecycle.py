@@ -171,11 +171,13 @@ def prepare_run(run: Run, *, force: bool = False, tables: Sequence[str] = (),
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C while a run was computed: ``folder`` is its run folder and ``saves`` says what is kept there (a rerun
-    of the same command resumes from it)."""
+    """Ctrl-C while a run was computed: ``folder`` is the folder that keeps what it saved (its run folder, or where
+    its units are kept) and ``saves`` says what is kept there (a rerun of the same command resumes from it); None
+    when ``folder`` does not exist: it was interrupted before anything was written there, and no message names it."""
 
-    def __init__(self, folder: Path, saves: str):
-        super().__init__(saves)
+    def __init__(self, folder: Path, saves: str | None):
+        saves = saves if Path(folder).is_dir() else None
+        super().__init__(saves or f"interrupted before anything was saved in {folder}")
         self.folder, self.saves = Path(folder), saves
 
 
@@ -190,11 +192,12 @@ def _is_write_failure(err: RuntimeError) -> bool:
 
 
 @contextmanager
-def guarding(folder: Path, saves: str | None = None) -> Iterator[None]:
+def guarding(folder: Path, saves: str | None = None, kept_in: Path | None = None) -> Iterator[None]:
     """Around the computation of a run into ``folder``: any failure removes the temporary files this process left
     there (a write cut short by a full disk must not keep the disk full); Ctrl-C becomes :class:`RunInterrupted`
-    saying what ``saves`` (default: the finished tables) is kept there; a checkpoint that torch could not write
-    becomes :class:`CheckpointWriteError` naming the folder."""
+    saying what ``saves`` (default: the finished tables) is kept in ``kept_in`` (default: ``folder``), or nothing
+    where that folder does not exist yet; a checkpoint that torch could not write becomes
+    :class:`CheckpointWriteError` naming the folder."""
     folder = Path(folder)
     try:
         yield
@@ -202,7 +205,8 @@ def guarding(folder: Path, saves: str | None = None) -> Iterator[None]:
         if folder.is_dir():
             remove_stray_tmp(folder)
         if isinstance(err, KeyboardInterrupt) and not isinstance(err, RunInterrupted):
-            raise RunInterrupted(folder, saves or f"the finished tables are kept in {folder}") from None
+            raise RunInterrupted(folder if kept_in is None else kept_in,
+                                 saves or f"the finished tables are kept in {folder}") from None
         if isinstance(err, RuntimeError) and _is_write_failure(err):
             raise CheckpointWriteError(28, "cannot write a checkpoint", str(folder)) from err
         raise
@@ -246,7 +250,7 @@ class Computation:
 def computing(experiment: str, config: dict[str, Any], *, profile: str, code: Sequence[str],
               seed: int | None = None, device: str | None = None, force: bool = False, root: Path | None = None,
               tables: Sequence[str] = (), checkpoints: Sequence[str] = (), saves: str | None = None,
-              unit_marker: str | None = None) -> Iterator[Computation]:
+              unit_marker: str | None = None, kept_in: Path | None = None) -> Iterator[Computation]:
     """THE run lifecycle: open the run of (experiment, config) in the local cache, check it (:func:`prepare_run`:
     ``force`` deletes it; a damaged one is repaired, losing only what is unreadable; a complete one computed by other
     code is deleted and recomputed; a partial one is kept to resume), hand it to the body, and finish it.
@@ -259,12 +263,13 @@ def computing(experiment: str, config: dict[str, Any], *, profile: str, code: Se
     from ``code`` (compute entries, :func:`compute_modules`); only then are the progress file and the
     ``checkpoints`` (paths relative to the run folder) removed: the body never deletes its own checkpoint. On an
     exception the wall time so far is saved and the failure is handled as :func:`guarding` says (``saves``: what an
-    interrupted run keeps): the run resumes next time. ``unit_marker``: see :func:`repair`."""
+    interrupted run keeps, in ``kept_in``, default the run folder): the run resumes next time. ``unit_marker``: see
+    :func:`repair`."""
     run = prepare_run(open_run(experiment, config, root=root), force=force, tables=tables, checkpoints=checkpoints,
                       unit_marker=unit_marker)
     job = Computation(run, profile=profile, code=code, seed=seed, device=device)
     try:
-        with guarding(run.path, saves.format(folder=run.path) if saves else None):
+        with guarding(run.path, saves.format(folder=run.path) if saves else None, kept_in):
             yield job
     except BaseException:
         if not job.complete and run.path.exists():

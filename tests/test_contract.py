@@ -191,9 +191,14 @@ def test_failure_leaves_no_temporary_files(cache, monkeypatch):
 
 def test_interrupt_says_what_is_kept_and_where(cache):
     with pytest.raises(results.RunInterrupted) as err:
-        with results.computing("exp", {"k": 4}, profile="smoke", code=CODE, saves="the tables are in {folder}"):
+        with results.computing("exp", {"k": 4}, profile="smoke", code=CODE, saves="the tables are in {folder}") as job:
+            job.run.path.mkdir(parents=True)            # it has written there
             raise KeyboardInterrupt
     assert isinstance(err.value, KeyboardInterrupt) and str(err.value.folder) in err.value.saves
+    with pytest.raises(results.RunInterrupted) as err:  # before it wrote anything: no folder is named
+        with results.computing("exp", {"k": 6}, profile="smoke", code=CODE, saves="the tables are in {folder}"):
+            raise KeyboardInterrupt
+    assert err.value.saves is None and not err.value.folder.exists()
     with pytest.raises(results.CheckpointWriteError) as err:
         with results.guarding(cache / "somewhere"):
             raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")

@@ -178,6 +178,7 @@ def test_ctrl_c_in_the_converged_protocol_says_its_finished_units_are_kept(cache
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(executors, "finished_runs", interrupted)
+    (cache / "results" / "toy-converged-units").mkdir(parents=True)      # a unit had finished (none: F7's test)
     assert main(["toy", "--profile", "smoke", "--protocol", "converged", "--json"]) == 130
     err = capsys.readouterr().err
     assert "every finished unit" in err and "toy-converged-units" in err and "nothing was saved" not in err
@@ -213,3 +214,28 @@ def test_a_damaged_run_is_reported_in_one_line(cache, capsys, damage):
     damage_again.write_bytes(damage_again.read_bytes()[:-20])
     assert results.chapter_run("demo", "smoke", _demo_run).complete
     assert len([ln for ln in capsys.readouterr().err.splitlines() if run.key in ln]) == 1
+
+
+# ---- Ctrl-C before anything is written ------------------------------------------------------------------------
+def _interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("argv, patch, kept", [
+    (["toy", "--json"], "depthlib.toy.sweep.build_engine", None),
+    (["toy", "--executor", "joblib", "--json"], "depthlib.executors.finished_runs", "toy-shards"),
+])
+def test_ctrl_c_during_setup_names_no_folder_that_does_not_exist(cache, monkeypatch, capsys, argv, patch, kept):
+    """The sweep's case F7: Ctrl-C while a toy sweep was set up (its teachers built, its shards submitted) named the
+    run folder (or the shards' folder) as where its checkpoint was kept, though nothing had created it yet."""
+    from depthlib.cli import main
+    monkeypatch.setattr(patch, _interrupted)
+    assert main(argv) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == f"depthlib toy: interrupted before anything was saved; run `depthlib {' '.join(argv)}` again", line
+    assert not (cache / "results").exists()
+    if kept:                                  # a shard of it had finished: the folder exists, and is named
+        (cache / "results" / kept).mkdir(parents=True)
+        assert main(argv) == 130
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"are under {cache / 'results' / kept}; run `" in line, line

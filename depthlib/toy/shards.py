@@ -58,10 +58,10 @@ def _students_then_teachers(cfg: SweepConfig, df: pd.DataFrame, within: str) -> 
 
 def _computing(cfg: SweepConfig, device: str, root=None):
     """The lifecycle (:func:`depthlib.results.computing`) of the serial sweep's run of ``cfg``."""
+    shards = paths.local_results_dir() / SHARD_EXPERIMENT
     return results.computing(EXPERIMENT, cfg.validate().to_dict(), profile=cfg.profile, seed=cfg.seed, code=CODE,
-                             device=device, root=root,
-                             saves=f"finished shards (one per ρ) and their checkpoints are under "
-                                   f"{paths.local_results_dir() / SHARD_EXPERIMENT}")
+                             device=device, root=root, kept_in=shards,
+                             saves=f"finished shards (one per ρ) and their checkpoints are under {shards}")
 
 
 def merge(cfg: SweepConfig, shard_runs: list[results.Run], job: results.Computation, *, executor: str) -> None:
