@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from depthlib.errors import InputError, MachineError
-from depthlib.results import PROFILE_RANK, CheckpointWriteError, RunInterrupted
+from depthlib.results import PROFILE_RANK, CheckpointWriteError
 
 PROFILES = PROFILE_RANK[::-1]   # smoke, cpu, paper: the one list of profiles (depthlib.results)
 
@@ -743,11 +743,8 @@ def _run(args: argparse.Namespace, argv: list[str], prefix: str) -> int:
         saves = getattr(err, "saves", None)            # results.RunInterrupted: what the run keeps, and where
         if saves:
             _say(f"{prefix}: interrupted: {saves}; run `{_resume_command(argv)}` again to resume", last=True)
-        elif isinstance(err, RunInterrupted):          # before its folder was written: none is named
+        else:       # before a run's folder was written (none is named), or a command that keeps no partial results
             _say(f"{prefix}: interrupted before anything was saved; run `{_resume_command(argv)}` again", last=True)
-        else:
-            _say(f"{prefix}: interrupted: nothing was saved (this command keeps no partial results); run it again "
-                 "to redo it", last=True)
         return 130
     except MachineError as err:
         _say(f"{prefix}: error: {' '.join(str(err).split())}", last=True)
