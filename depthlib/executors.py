@@ -22,6 +22,7 @@ import importlib
 import os
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -189,6 +190,7 @@ def run_units(units: list[Unit], cfg: ExecutorConfig = ExecutorConfig()) -> list
         if cfg.kind == "joblib":
             from joblib import Parallel, delayed
             done: dict[int, Outcome] = {}
+            arriving = None
             # idle workers pull the next unit; results arrive as units finish (the bar moves), put back in order
             try:
                 with _ctrl_c_spares_workers():        # the workers start here, and so do loky's threads
@@ -199,7 +201,10 @@ def run_units(units: list[Unit], cfg: ExecutorConfig = ExecutorConfig()) -> list
                     done[i] = outcome
                     bar.update()
             except KeyboardInterrupt:
-                _stop_loky()
+                with _quiet_teardown():
+                    if arriving is not None:     # closed now: collected later, joblib would warn of the units it
+                        arriving.close()         # cancels after the command's one line
+                    _stop_loky()
                 raise
             return [done[i] for i in range(len(units))]
         return _run_submitit(units, cfg, threads, env, logs, bar)
@@ -236,6 +241,26 @@ def _ctrl_c_spares_workers() -> Iterator[None]:
         handler(signal.SIGINT, None)                         # Python's default: KeyboardInterrupt
     elif caught and handler == signal.SIG_DFL:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _quiet_teardown() -> Iterator[None]:
+    """Inside the block (stopping the workers after a Ctrl-C) joblib's warnings are not said, and neither is the
+    failure of loky's manager thread: stopped while it still holds units it has not handed to a worker, it looks one
+    up after the stop dropped it (a ``KeyError``). Both threads end inside the block (the stop waits for them)."""
+    import threading
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if getattr(args.thread, "name", "") != "ExecutorManagerThread":
+            previous(args)
+    threading.excepthook = hook
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        threading.excepthook = previous
 
 
 def _stop_loky() -> None:

@@ -278,7 +278,15 @@ def ctrl_c_as_the_workers_start():           # while they import joblib: a termi
         time.sleep(0.005)
     time.sleep(0.05)
     os.killpg(os.getpgid(0), signal.SIGINT)
-threading.Thread(target=ctrl_c_as_the_workers_start, daemon=True).start()
+if sys.argv[2] == "importing":
+    threading.Thread(target=ctrl_c_as_the_workers_start, daemon=True).start()
+else:                                        # while this process starts them, amid joblib's dispatch
+    from joblib.externals.loky.backend import popen_loky_posix
+    launch = popen_loky_posix.Popen._launch
+    def launch_then_ctrl_c(self, process):
+        launch(self, process)
+        os.killpg(os.getpgid(0), signal.SIGINT)
+    popen_loky_posix.Popen._launch = launch_then_ctrl_c
 units = [executors.Unit(f"u{i}", "runpy:run_path", {"path_name": folder + "/work.py"}) for i in range(2)]
 try:
     executors.run_units(units, executors.ExecutorConfig("joblib", jobs=2, threads=1, folder=folder + "/logs"))
@@ -289,18 +297,21 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers in /proc")
-def test_ctrl_c_while_joblib_workers_start_is_one_line(tmp_path):
+@pytest.mark.parametrize("when", ["importing", "starting"])
+def test_ctrl_c_while_joblib_workers_start_is_one_line(tmp_path, when):
     """The sweep's case F3: Ctrl-C as ``--executor joblib`` starts its workers printed a ``KeyboardInterrupt``
-    traceback from each worker still importing joblib (and loky's manager thread could fail with a ``KeyError``
-    traceback when the interrupt came mid-dispatch). The workers start with SIGINT blocked: this process stops them."""
+    traceback from each worker still importing joblib; one amid the dispatch made loky's manager thread fail with a
+    ``KeyError`` traceback, or joblib warn of cancelled tasks after the one line. The workers start with SIGINT
+    blocked, a Ctrl-C meanwhile is raised once they are started, and this process stops them."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), DEPTHLIB_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-c", _INTERRUPTED_AT_START, str(tmp_path)], env=env, text=True,
+    p = subprocess.run([sys.executable, "-c", _INTERRUPTED_AT_START, str(tmp_path), when], env=env, text=True,
                        capture_output=True, start_new_session=True, timeout=120,
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     err = p.stderr
     assert p.returncode == 130, err
     assert err[err.index("interrupted: one line"):].strip() == "interrupted: one line", err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "leaked" not in err, err
+    assert "warn" not in err.lower(), err
 
 
 # ---- options a command would ignore ------------------------------------------------------------------------
