@@ -84,7 +84,11 @@ def test_unit_certifies_by_continuation_gives_equal_steps_and_resumes_bit_for_bi
     assert set(routes["route"]) == {"scratch", "euler", "distilled", "progressive"}
     # every route trains the same number of steps at every depth; a continuation half of them
     assert set(routes["stage_steps"]) == {CFG.steps}
-    assert set(stages.loc[stages["stage"].str.contains("+", regex=False), "stage_steps"]) == {CFG.continuation_steps()}
+    # a continuation trains half the student's steps at its depth so far: 10 after the route's 20, then 15, then 25
+    conts = stages[stages["stage"].str.contains("+", regex=False)]
+    assert (conts["stage_steps"] == [CFG.continuation_steps(n) for n in conts["depth_steps"] - conts["stage_steps"]]).all()
+    assert CFG.continuation_steps(20) == 10 and CFG.continuation_steps(30) == 15 and CFG.continuation_steps(45) == 25
+    assert (routes["depth_steps"] == CFG.steps).all()
     assert list(cert["depth"]) == [2, 4, 8] and (cert["continuations"] >= 1).all()
     # certified exactly when the last continuation gained less than the threshold
     assert (cert["certified"] == (cert["last_continuation_gain"] < CFG.gain_below)).all()

@@ -6,9 +6,12 @@ above, so the route to it is free; what must be shown is that the student is *at
 ("little change while the rate is decayed") does not show it. This protocol's rule does:
 
 **Certificate.** A student is *certified* when a **continuation** from its final weights — a fresh schedule of
-``continuation × steps`` steps, re-warmed to the base rate of the student's route and decayed again — lowers its
-held-out loss by less than ``gain_below`` (2 %). Otherwise the continued student replaces it and is continued again,
-up to ``max_continuations`` times; a student still gaining then is reported *not certified*, with every gain.
+``continuation`` (half) of the steps it has trained at its depth so far, re-warmed to the base rate of its route and
+decayed again — lowers its held-out loss by less than ``gain_below`` (2 %). Otherwise the continued student replaces
+it and is continued again, up to ``max_continuations`` times; a student still gaining then is reported *not
+certified*, with every gain. Each continuation is half the student's steps *so far* (6,000, then 9,000, then 13,500
+steps after a 12,000-step route), so a loss that keeps falling as a power of the steps never passes by the student
+growing old: a fixed-length continuation would shrink relative to the student and pass any slow tail.
 
 Why 2 %: α_ℓ is the slope of log L against log ℓ over the paper's depths 6–48 (ln 8 = 2.08). A student whose loss
 could still fall by 2 % moves log L by at most ln 1.02 = 0.0198, so α_ℓ by at most 0.0198/2.08 ≈ 0.01 if it sits at
@@ -108,7 +111,7 @@ class CertifiedConfig(Profile):
     cells: tuple = ((1.0, 1.0, 3), (0.0, 1.0, 3), (1.0, 0.01, 3))
     depths: tuple = (6, 12, 16, 24, 32, 48)      # the paper's student depths
     steps: int = 12_000                          # every route's steps, at every depth
-    continuation: float = 0.5                    # a continuation's steps, as a fraction of ``steps``
+    continuation: float = 0.5                    # a continuation's steps: this fraction of the student's so far
     max_continuations: int = 3
     gain_below: float = GAIN_BELOW
     batch: int = 256
@@ -127,8 +130,9 @@ class CertifiedConfig(Profile):
     def shape(self) -> ToyShape:
         return ToyShape(d_model=self.d_model, d_mlp=4 * self.d_model, teacher_depth=self.teacher_depth)
 
-    def continuation_steps(self) -> int:
-        return max(self.evals, math.ceil(self.continuation * self.steps / self.evals) * self.evals)
+    def continuation_steps(self, trained: int) -> int:
+        """Steps of a continuation of a student trained ``trained`` steps at its depth (a multiple of ``evals``)."""
+        return max(self.evals, math.ceil(self.continuation * trained / self.evals) * self.evals)
 
     def routes(self, rho: float) -> tuple[str, ...]:
         return ROUTES if rho == 1.0 else tuple(r for r in ROUTES if r != "euler")
@@ -307,10 +311,10 @@ class Student:
 
 def train_stage(cfg: CertifiedConfig, teacher: TeacherWeights, pool, test_targets, cell: dict, depth: int, name: str,
                 start: StudentWeights | None, lr_scale: float, steps: int, parent_steps: int = 0,
-                start_from: str = "exp-9-3 init", device: str = "cpu") -> Student:
+                start_from: str = "exp-9-3 init", device: str = "cpu", depth_steps_before: int = 0) -> Student:
     """Train one student for ``steps`` from ``start`` (None: exp-9-3's initialisation) on one fresh schedule.
     ``name`` labels the stage (a route, or ``<route>+c<k>`` for a continuation); ``parent_steps`` are the steps its
-    start already received."""
+    start already received, ``depth_steps_before`` those of them at this depth (a continuation's earlier stages)."""
     r = cell["replicate"]
     spec = StudentSpec(0, cell["temperature"], depth, derive_seed(cfg.seed, "certified-student", r, depth, name))
     train = stage_training(lr_scale, cfg.decay_to)
@@ -333,7 +337,7 @@ def train_stage(cfg: CertifiedConfig, teacher: TeacherWeights, pool, test_target
     pool_loss = eng.pool_loss(min(cfg.eval_batches * cfg.eval_batch_size // cfg.batch, cfg.pool_batches) or 1)
     row = {"teacher": kind, "rho": cell["rho"], "temperature": cell["temperature"], "replicate": r, "depth": depth,
            "stage": name, "route": name.split("+")[0], "start": start_from, "stage_steps": steps,
-           "steps": parent_steps + steps, "batch": cfg.batch, "lr_scale": lr_scale, "base_lr": train.base_lr(depth),
+           "steps": parent_steps + steps, "depth_steps": depth_steps_before + steps, "batch": cfg.batch, "lr_scale": lr_scale, "base_lr": train.base_lr(depth),
            "initial_loss": initial, "test_loss": final, "pool_loss": pool_loss,
            "gain": (initial - final) / initial}
     return Student(eng.export_student(0), row, df)
@@ -365,14 +369,17 @@ def train_unit(cfg: CertifiedConfig, cell: dict, load: Callable[[str, int], Stud
 
     stages, curves, certified, table = [], [], {}, []
 
-    def stage(depth, name, start, lr_scale, parent_steps, start_from, extra=None) -> Student:
+    def stage(depth, name, start, lr_scale, parent_steps, start_from, extra=None, before: Student | None = None
+              ) -> Student:
+        """One stage: a route (``before`` None) or a continuation of ``before``."""
         done = load(name, depth)
         if done is None:
             pool, targets = data()
             progress(f"{TEACHER_KINDS[rho]} T={cell['temperature']:g} r{r} ℓ={depth} {name}")
-            steps = cfg.steps if "+" not in name else cfg.continuation_steps()
+            at_depth = 0 if before is None else before.row["depth_steps"]
+            steps = cfg.steps if before is None else cfg.continuation_steps(at_depth)
             done = train_stage(cfg, teacher, pool, targets, cell, depth, name, start, lr_scale, steps, parent_steps,
-                               start_from, device)
+                               start_from, device, at_depth)
             done.row.update(extra or {})
             save(name, depth, done)
         stages.append(done.row)
@@ -404,7 +411,7 @@ def train_unit(cfg: CertifiedConfig, cell: dict, load: Callable[[str, int], Stud
         gains, is_certified = [], False
         for k in range(1, cfg.max_continuations + 1):
             cont = stage(depth, f"{best.row['route']}+c{k}", best.weights, best.row["lr_scale"], best.row["steps"],
-                         best.row["stage"])
+                         best.row["stage"], before=best)
             gain = cont.row["gain"]
             gains.append(gain)
             if cont.row["test_loss"] < best.row["test_loss"]:

@@ -771,8 +771,9 @@ def certified_findings(run: results.Run) -> list[str]:
                      f"bounds {drops['lo'].min():+.2f} to {drops['lo'].max():+.2f}: "
                      + ("the interval excludes 0 under every refit." if apart else
                         "under at least one refit the interval includes 0."))
-    lines.append(f"Every route trains {cfg.steps:,} steps × {cfg.batch} at every depth and every continuation "
-                 f"{cfg.continuation_steps():,}; held-out inputs found in a training pool: "
+    lines.append(f"Every route trains {cfg.steps:,} steps × {cfg.batch} at every depth; a continuation trains "
+                 f"{cfg.continuation:.0%} of the student's steps at its depth so far (the first "
+                 f"{cfg.continuation_steps(cfg.steps):,}); held-out inputs found in a training pool: "
                  f"{int(cert['heldout_in_pool'].max())} (checked row by row, exactly).")
     return lines
 
