@@ -701,6 +701,7 @@ def _process_settings(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None                   # the ``depthlib`` command itself, not a caller passing its argv
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -715,6 +716,18 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, argv, prefix)
         finally:
             sys.stderr = old_stderr
+            if as_program:
+                _answered()
+
+
+def _answered() -> None:
+    """The command has answered (its result, or its one line): from now on Ctrl-C is ignored. What is left is the
+    interpreter's exit, where loky joins its idle workers: an interrupt there only printed a traceback after the
+    answer ("Exception ignored in threading"), and cannot change what was said or the exit status."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run(args: argparse.Namespace, argv: list[str], prefix: str) -> int:

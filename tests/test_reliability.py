@@ -314,6 +314,27 @@ def test_ctrl_c_while_joblib_workers_start_is_one_line(tmp_path, when):
     assert "warn" not in err.lower(), err
 
 
+_CTRL_C_AS_IT_EXITS = """
+import os, signal, sys
+from depthlib import cli
+sys.argv = ["depthlib", *sys.argv[1:]]
+status = cli.main()
+os.kill(os.getpid(), signal.SIGINT)          # Ctrl-C as the process exits (loky joins its idle workers then)
+sys.exit(status)
+"""
+
+
+def test_ctrl_c_after_the_command_has_answered_changes_nothing(tmp_path):
+    """The sweep's case F3, the run that exited 0: Ctrl-C after a joblib run had printed its result came while the
+    interpreter, exiting, joined loky's idle workers: a ``KeyboardInterrupt`` traceback ("Exception ignored in
+    threading"), after the answer. Once ``depthlib`` has answered, Ctrl-C changes neither what it said nor its status."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DEPTHLIB_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", _CTRL_C_AS_IT_EXITS, "toy", "--depths", "4"], env=env, text=True,
+                       capture_output=True, timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.returncode == 2, p.stderr
+    assert _one_line(p.stderr) == "depthlib toy: error: depths needs at least 2 distinct values, got 1"
+
+
 # ---- options a command would ignore ------------------------------------------------------------------------
 def test_trace_profile_rejects_what_a_profile_does_not_take(cache, capsys, monkeypatch):
     from depthlib.tracing import chapter
