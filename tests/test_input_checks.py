@@ -313,3 +313,16 @@ def test_a_toy_sweep_beyond_memory_is_one_line_in_a_subprocess(tmp_path):
                         "--temperature", "0.1", "1"], tmp_path / "cache")
     assert done.returncode == 2, done.stderr
     assert "would need about" in _one_line(done.stderr)
+
+
+def test_the_memory_check_leaves_a_damaged_run_to_its_repair(cache, capsys):
+    """The check asks whether the run is finished (it then needs no memory): a corrupt manifest there (``toy
+    --calibration both`` after a crash) is the lifecycle's to repair, not a CorruptRunError of the check."""
+    from depthlib.toy import chapter
+    cfg = chapter.profile_config("smoke", rhos=[0.0], temperatures=[1.0], depths=[1, 2], steps=2)
+    run = chapter.compute(cfg, progress=False)
+    (run.path / "manifest.json").write_text('{"status": "compl')
+    capsys.readouterr()
+    again = chapter.compute(cfg, progress=False)
+    assert again.complete and again.path == run.path
+    assert "damaged run" in capsys.readouterr().err

@@ -192,8 +192,11 @@ def _check_memory(cfg: SweepConfig, device: str, executor=None, **run) -> None:
     finished run in the cache (``run``: where :func:`depthlib.toy.sweep.open_sweep_run` looks) needs none."""
     from depthlib import validate
     from depthlib.toy.sweep import open_sweep_run
-    if open_sweep_run(cfg, **run).complete:
-        return
+    try:
+        if open_sweep_run(cfg, **run).complete:
+            return
+    except results.CorruptRunError:
+        pass                                     # a damaged run: the lifecycle repairs it, and resumes (or recomputes)
     need = sweep_memory(cfg, device)
     if executor is not None and executor.kind == "joblib":
         from depthlib.toy.shards import shard_configs
