@@ -1,0 +1,210 @@
+"""Training one member of chapter 7's hierarchy control to a **certified** loss, on either task.
+
+**Tasks** (:data:`TASKS`), one chapter-7 transformer per member (:mod:`depthlib.compose.model`, unchanged):
+
+* ``leaf``: next-leaf prediction, the loss of :func:`depthlib.compose.model.token_nll`; its *excess* is the held-out
+  loss minus the exact Bayes loss (:func:`depthlib.compose.rhm.bayes_nll`);
+* ``root``: root classification, the random hierarchy model's own task (Cagnetta et al., Phys. Rev. X 14, 031001,
+  2024), read out at the last of T + 1 positions (:func:`depthlib.compose.roots.root_logits`); the Bayes
+  cross-entropy from every leaf is 0 (unambiguous rules), so the held-out cross-entropy is the excess, and the
+  accuracy is recorded beside it.
+
+**A stage** (:func:`train_stage`) is one fresh schedule, chapter 3's converged schedule of
+:class:`depthlib.compose.train.TrainConfig` (warm-up, constant, linear decay to 10 % at 80 %, held there), AdamW with
+GPT-NeoX's betas and no weight decay, a global gradient-norm clip, one fresh batch per step: the sample indices
+``start … start + steps·batch − 1`` of the training stream (:func:`depthlib.compose.rhm.sample`), so a member's
+training sequences are known exactly and can be checked against the held-out set (:mod:`depthlib.compose.unseen`).
+The loop is written out here, not shared with :func:`depthlib.compose.train.train`, so that the committed grammar
+run's code stays as it was; it takes a task and a device.
+
+**The certificate** is chapter 3's (:mod:`depthlib.toy.certified`, :data:`~depthlib.toy.certified.GAIN_BELOW`): after
+the main stage, a **continuation** from the member's final weights — a fresh schedule of ``continuation × steps``
+steps on fresh samples, re-warmed to the base rate and decayed again — must lower the held-out excess (leaf) or
+cross-entropy (root) by less than ``gain_below`` (2 %) of it, or by less than ``resolution`` nats (a floor that
+matters only for losses below resolution / gain_below). Otherwise the better of the two is continued again, up to
+``max_continuations`` times; a member still gaining then is reported *not certified*, with every gain.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from depthlib.compose import rhm
+from depthlib.compose.model import ComposeModel, token_nll
+from depthlib.compose.roots import evaluate_root, root_nll
+from depthlib.compose.train import TRAIN_STREAM, TrainConfig, evaluate
+from depthlib.errors import InputError
+from depthlib.toy.certified import GAIN_BELOW
+
+TASKS = ("leaf", "root")
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """Chapter 3's continuation rule: a continuation's steps as a fraction of the main stage's, how many may run, the
+    relative gain below which a member is certified, and an absolute floor (nats)."""
+
+    continuation: float = 0.5
+    max_continuations: int = 2
+    gain_below: float = GAIN_BELOW
+    resolution: float = 1e-4
+
+    def validate(self) -> "Certificate":
+        if not 0 < self.continuation <= 1:
+            raise InputError(f"continuation must be in (0, 1], got {self.continuation:g}")
+        if not 1 <= int(self.max_continuations) <= 10:
+            raise InputError(f"max_continuations must be in 1 … 10, got {self.max_continuations}")
+        if not 0 < self.gain_below < 1 or not 0 <= self.resolution < 1:
+            raise InputError("gain_below must be in (0, 1) and resolution in [0, 1)")
+        return self
+
+    def continuation_config(self, train: TrainConfig) -> TrainConfig:
+        """The schedule of a continuation: ``continuation × steps`` steps (a multiple of the evaluations), the same
+        base rate and shape."""
+        steps = int(round(self.continuation * train.steps / train.evals)) * train.evals
+        return dataclasses.replace(train, steps=max(train.evals, steps))
+
+    def span(self, train: TrainConfig) -> int:
+        """Training sequences one replicate may draw: the main stage and every continuation."""
+        return (train.steps + self.max_continuations * self.continuation_config(train).steps) * train.batch_size
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A held-out set: leaves (n, T), roots (n,), the exact Bayes next-leaf losses (n, T)."""
+
+    leaves: torch.Tensor
+    roots: torch.Tensor
+    bayes: np.ndarray
+
+    @classmethod
+    def draw(cls, grammar: rhm.Grammar, n: int, stream: int) -> "HeldOut":
+        leaves, levels, _ = rhm.sample(grammar, np.arange(n), stream, with_tree=True)
+        return cls(torch.from_numpy(leaves), torch.from_numpy(levels[0][:, 0].copy()), rhm.bayes_nll(grammar, leaves))
+
+
+def batch_loss(task: str, model: ComposeModel, leaves: torch.Tensor, roots: torch.Tensor) -> torch.Tensor:
+    """The training loss of one batch (a scalar)."""
+    if task == "leaf":
+        return token_nll(model, leaves).mean()
+    return root_nll(model, leaves, roots).mean()
+
+
+def measure(task: str, model: ComposeModel, held: HeldOut) -> dict:
+    """Held-out ``val_loss`` (nats per leaf, or per sequence for the root), ``excess`` over the Bayes loss (the
+    certified quantity) and ``accuracy`` (root; NaN for the leaf task), with the per-sequence losses ``per_seq``."""
+    device = next(model.parameters()).device
+    if task == "leaf":
+        per_seq = evaluate(model, held.leaves) if device.type == "cpu" else _evaluate_on(model, held)
+        val = float(per_seq.mean())
+        return {"val_loss": val, "excess": val - float(held.bayes.mean()), "accuracy": np.nan, "per_seq": per_seq}
+    nll, correct = evaluate_root(model, held.leaves.to(device), held.roots.to(device))
+    return {"val_loss": float(nll.mean()), "excess": float(nll.mean()), "accuracy": float(correct.mean()),
+            "per_seq": nll}
+
+
+def _evaluate_on(model: ComposeModel, held: HeldOut) -> np.ndarray:
+    """:func:`depthlib.compose.train.evaluate` on a model that lives on an accelerator (it returns CPU numbers)."""
+    device = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        out = torch.cat([token_nll(model, held.leaves[i:i + 1024].to(device)).double().mean(1).cpu()
+                         for i in range(0, len(held.leaves), 1024)])
+    model.train(was)
+    return out.numpy()
+
+
+def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: TrainConfig, start: int, held: HeldOut,
+                *, on_step=None, stop_at: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """One fresh schedule of ``cfg`` from the model's current weights, on the training samples ``start …
+    start + steps·batch − 1``. Returns the curve (step, lr, train_loss, val_loss, excess, accuracy) and the final
+    measurement (:func:`measure`) with ``seconds``. ``stop_at``: stop after the evaluation at that step."""
+    cfg.validate()
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, weight_decay=0.0)
+    evals = set(cfg.eval_steps())
+    t0 = time.perf_counter()
+    m = measure(task, model, held)
+    rows = [{"step": 0, "lr": 0.0, "train_loss": np.nan, **{k: m[k] for k in ("val_loss", "excess", "accuracy")}}]
+    run_sum, run_n = 0.0, 0
+    model.train()
+    for step in range(cfg.steps):
+        lr = cfg.rate(step)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        a = start + step * cfg.batch_size
+        leaves, levels, _ = rhm.sample(grammar, np.arange(a, a + cfg.batch_size), TRAIN_STREAM, with_tree=True)
+        loss = batch_loss(task, model, torch.from_numpy(leaves).to(device),
+                          torch.from_numpy(levels[0][:, 0].copy()).to(device))
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        run_sum, run_n = run_sum + float(loss.detach()), run_n + 1
+        done = step + 1
+        if on_step is not None:
+            on_step(done)
+        if done in evals:
+            m = measure(task, model, held)
+            rows.append({"step": done, "lr": lr, "train_loss": run_sum / run_n,
+                         **{k: m[k] for k in ("val_loss", "excess", "accuracy")}})
+            run_sum, run_n = 0.0, 0
+            if stop_at is not None and done >= stop_at:
+                break
+    return pd.DataFrame(rows), {**m, "seconds": time.perf_counter() - t0}
+
+
+def certify_member(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: TrainConfig, cert: Certificate,
+                   base: int, held: HeldOut, *, on_step=None) -> dict:
+    """Train ``model`` (main stage on samples ``base …``), then continue it until a continuation gains less than the
+    certificate allows (each continuation on the next fresh samples of the replicate's span, from the best weights so
+    far). Returns the best ``model``, ``stages`` (one row per stage: its sample range, initial and final loss and
+    excess, gain), ``curves`` (every stage's, with a ``stage`` column), ``final`` (the best stage's measurement),
+    ``certified``, ``gains`` and ``steps`` (optimiser steps the best model received)."""
+    cert.validate()
+    cont = cert.continuation_config(cfg)
+    stages, curves = [], []
+    start = base
+
+    def run(name: str, net: ComposeModel, schedule: TrainConfig, parent_steps: int) -> dict:
+        nonlocal start
+        curve, final = train_stage(task, net, grammar, schedule, start, held, on_step=on_step)
+        first = curve.iloc[0]
+        row = {"stage": name, "stage_steps": schedule.steps, "steps": parent_steps + schedule.steps,
+               "sample_start": start, "sample_stop": start + schedule.steps * schedule.batch_size,
+               "initial_loss": float(first["val_loss"]), "val_loss": final["val_loss"],
+               "initial_excess": float(first["excess"]), "excess": final["excess"], "accuracy": final["accuracy"],
+               "gain": (float(first["excess"]) - final["excess"]) / float(first["excess"])
+               if float(first["excess"]) > 0 else np.nan,
+               "seconds": final["seconds"]}
+        start += schedule.steps * schedule.batch_size
+        stages.append(row)
+        curves.append(curve.assign(stage=name))
+        return {"model": net, "row": row, "final": final}
+
+    best = run("main", model, cfg, 0)
+    gains, certified = [], False
+    for k in range(1, cert.max_continuations + 1):
+        trial = run(f"c{k}", copy.deepcopy(best["model"]), cont, best["row"]["steps"])
+        initial = trial["row"]["initial_excess"]
+        drop = initial - trial["row"]["excess"]
+        gains.append(trial["row"]["gain"])
+        if trial["row"]["excess"] < best["row"]["excess"]:
+            best = trial
+        if initial <= 0 or drop < cert.gain_below * initial or drop < cert.resolution:
+            certified = True
+            break
+    return {"model": best["model"], "stages": pd.DataFrame(stages), "curves": pd.concat(curves, ignore_index=True),
+            "final": best["final"], "best_stage": best["row"]["stage"], "certified": certified, "gains": gains,
+            "steps": best["row"]["steps"]}
+
+
+__all__ = ["TASKS", "Certificate", "HeldOut", "batch_loss", "certify_member", "measure", "train_stage"]
