@@ -1,0 +1,357 @@
+"""One run of chapter 7's compositional positive control (issue 33): a grammar whose held-out sequences are unseen and
+whose target local statistics cannot solve, both of its tasks, every family at depths below and above L, certified.
+
+The paper (Liu et al., arXiv 2602.05970, §5) leaves open whether a target with real hierarchy makes depth compose.
+A control for that needs a target that (i) is not memorised — its held-out sequences occur nowhere in what the
+members trained on, (ii) is not solved by local statistics — position-specific n-gram tables fitted on as many
+sequences stay far above the networks — and (iii) is learnable by the networks within the budget. The random
+hierarchy model (Cagnetta, Petrini, Tomasini, Favero & Wyart, Phys. Rev. X 14, 031001, 2024;
+:mod:`depthlib.compose.rhm`) has Ω = v·m^((s^L − 1)/(s − 1)) equally likely sequences (:mod:`depthlib.compose.unseen`)
+and its local correlations weaken as m/v grows — but so does what a network learns from a given number of samples
+(Cagnetta & Wyart, arXiv 2406.00048: the samples needed to resolve the correlations of a deeper level grow as a power
+of m). A quick measurement on this project's 2-core machine (n-gram tables fitted on 128 000 sequences, held-out
+2 048 (1 024 for L = 5); an untied width-32 member of chapter 7 trained on 96 000–128 000 fresh sequences, 1 500–2 000
+steps × 64; the best n-gram over 1 … T − 1 previous leaves; excess over the exact Bayes loss, nats per leaf):
+
+=================  ===========  ==============  ==========================  ==============================
+(v, m, s, L)        Ω            Bayes gap       best n-gram (128 k)         network
+=================  ===========  ==============  ==========================  ==============================
+(8, 2, 2, 4)       2.6·10⁵      1.300           0.022 (11 prev.; 256 k)     0.008 (ℓ = 8, chapter's run)
+(8, 4, 2, 4)       8.6·10⁹      0.650           0.103 (5 prev.)             0.114 (ℓ = 4, 128 k seqs.)
+(8, 2, 2, 5)       1.7·10¹⁰     1.343           0.077 (11 prev.)            0.056 (ℓ = 6, 96 k seqs.)
+**(4, 2, 2, 5)**   8.6·10⁹      0.671           0.038 (11 prev.)            **0.022** (ℓ = 6, 96 k seqs.)
+=================  ===========  ==============  ==========================  ==============================
+
+(the Bayes gap is log v minus the Bayes loss, what a predictor can gain over guessing). Chapter 7's first grammar
+(8, 2, 2, 4) fails (i): Ω = 262 144, so training covers 39 % of it; its long n-grams memorise it. Raising m to 4 fixes
+(i) but fails (iii): at 128 000 sequences a depth-4 member (0.114) does not beat the 5-previous-leaf table (0.103)
+(width 64: 0.113). One level more fixes both with m = 2: at L = 5 the sequences are 32 leaves, Ω ≥ 8.6·10⁹ (the
+cpu run's three replicates draw at most 384 000 sequences, which share 0.09 with its 2 048 held-out ones in
+expectation; the run counts them exactly), the tables starve (the whole-prefix table is *worse* than the 11-leaf one)
+and a depth-6 member is already 1.7× below the best table with fewer samples, still falling. v = 4 (m/v = 1/2: a
+leaf's right neighbour is one of about m = 2 of v = 4 symbols) beat v = 8 (1.7× against 1.4× below the best table)
+and is the cpu grammar. With the cpu profile's own schedule an untied ℓ = 4 member reached 0.036 after its main stage
+(64 000 sequences) and 0.019 after two continuations (128 000), half the best table's excess on as many sequences.
+These measurements took a few minutes of CPU; the run's ``ngram`` table repeats the baseline on exactly the members'
+sample count.
+
+**Tasks** (:mod:`depthlib.compose.certify`): next-leaf prediction (excess over the exact Bayes loss) and root
+classification (:mod:`depthlib.compose.roots`: cross-entropy, whose Bayes value is 0, and accuracy); **families**
+untied, looped and fully tied (:mod:`depthlib.compose.model`) at effective depths below and above L; **replicates**
+differ in initialisation and training samples (replicate r draws the training-stream indices r·span … (r + 1)·span − 1,
+its main stage first, then its continuations; every member of a replicate sees the same sequences). Every member is
+certified by chapter 3's continuation rule (:data:`depthlib.toy.certified.GAIN_BELOW`). A member is a unit of work
+whose tables are written to ``units/`` as soon as it is done (``jobs`` worker processes, one torch thread each), so an
+interrupted run resumes at the next member; the grammar's own tables are one more unit. When every unit is done:
+
+=================  ==================================================================================================
+table              rows
+=================  ==================================================================================================
+``grammar``        the grammar: v, m, s, L, length, Ω, Bayes loss, log v, the n-gram sample count
+``ngram``          per context size (previous leaves, 0 … T − 1): β, held-out loss, excess over Bayes, its s.e.
+``root_bayes``     the Bayes root classifier from the first t leaves (t = 0 … T): accuracy, cross-entropy
+``members``        task, family, depth, seed, parameters, held-out loss, Bayes loss, excess, accuracy, certified,
+                   continuations, gains, steps, samples, seconds, and (leaf) the diagnostics' summary
+``root_members``   the root task's members: accuracy, error, cross-entropy, certified
+``stages``         every stage of every member (main, c1, c2 …): sample range, initial and final loss, gain
+``curves``         every stage's held-out curve (step, lr, train_loss, val_loss, excess, accuracy)
+``layers``         (leaf) θ and θ(Δh) per block; ``lags``: the long-lag cosine; ``clusters``: trajectory clusters
+``edits``          chapter 5's edits: next-leaf (delete, swap, permute) and root (delete, swap; Δ accuracy too)
+``fit_exponents``  α_ℓ per quantity and family: all depths, without each depth (:mod:`depthlib.compose.fits`)
+``fit_stability``  the all-depths α, without ℓ = 1, the drop-one range, shown or why not
+``fit_slopes``     local slopes between neighbouring depths with intervals over replicates
+``fit_break``      the two-segment change in slope, its break and bootstrap / t intervals
+=================  ==================================================================================================
+
+The manifest records ``held_out_overlap`` (held-out sequences found among every training sequence any member saw,
+compared exactly), ``replicates``, ``n_sequences`` and ``training_sequences``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from depthlib import results
+from depthlib.compose import fits, ngram, rhm, unseen
+from depthlib.compose.certify import TASKS, Certificate, HeldOut, certify_member, train_stage
+from depthlib.compose.diagnostics import diagnose
+from depthlib.compose.model import FAMILIES, MIN_DEPTH, ModelConfig, build_model, parameter_counts
+from depthlib.compose.roots import root_bayes_table, root_edits
+from depthlib.compose.train import HELD_OUT_STREAM, PROBE_STREAM, TRAIN_STREAM, TrainConfig
+from depthlib.contract import from_dict, to_dict
+from depthlib.errors import InputError
+from depthlib.validate import distinct, int_in_range
+
+EXPERIMENT = "compose-hierarchy"
+UNITS = "units"
+GRAMMAR_UNIT = "grammar"
+GRAMMAR_TABLES = ("ngram", "root_bayes", "grammar")
+#: a member's tables, ``members`` last (a member counts as finished once it exists)
+MEMBER_TABLES = ("stages", "curves", "layers", "lags", "clusters", "edits", "members")
+
+
+@dataclass(frozen=True)
+class HierarchyConfig:
+    """A run: the grammar, the tasks, families, depths and replicates, the model, the main schedule, the certificate,
+    the probe set and the fits' bootstrap."""
+
+    profile: str
+    grammar: rhm.RHMConfig = field(default_factory=lambda: rhm.RHMConfig(v=4, m=2, s=2, L=5))
+    tasks: tuple = TASKS
+    families: tuple = FAMILIES
+    depths: tuple = (1, 2, 3, 4, 6, 8)
+    seeds: tuple = (0, 1, 2)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1000, batch_size=64, evals=10,
+                                                                   n_held_out=2048))
+    certificate: Certificate = field(default_factory=Certificate)
+    n_probe: int = 512
+    n_permutations: int = 4
+    n_bootstrap: int = 1000
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HierarchyConfig":
+        return from_dict(cls, d)
+
+    def validate(self) -> "HierarchyConfig":
+        self.grammar.validate()
+        self.model.validate()
+        self.train.validate()
+        self.certificate.validate()
+        self.certificate.continuation_config(self.train).validate()
+        distinct("tasks", self.tasks, at_least=1)
+        for t in self.tasks:
+            if t not in TASKS:
+                raise InputError(f"task must be one of {', '.join(TASKS)}, got {t!r}")
+        distinct("families", self.families, at_least=1)
+        for f in self.families:
+            if f not in FAMILIES:
+                raise InputError(f"family must be one of {', '.join(FAMILIES)}, got {f!r}")
+        distinct("depths", self.depths, at_least=1)
+        for d in self.depths:
+            int_in_range("depth", d, 1, 256)
+        distinct("seeds", self.seeds, at_least=1)
+        for s in self.seeds:
+            int_in_range("seed", s, 0, 2**20)
+        int_in_range("n_probe", self.n_probe, 8, 1 << 20)
+        int_in_range("n_permutations", self.n_permutations, 1, 1000)
+        int_in_range("n_bootstrap", self.n_bootstrap, 10, 100_000)
+        if not self.units():
+            raise InputError("no family has a depth to train (looped members need depth ≥ 3)")
+        return self
+
+    @property
+    def span(self) -> int:
+        """Training sequences one replicate may draw (main stage and every continuation)."""
+        return self.certificate.span(self.train)
+
+    def base(self, seed: int) -> int:
+        """The first training-stream index of replicate ``seed``."""
+        return int(seed) * self.span
+
+    def family_depths(self, family: str) -> list[int]:
+        return sorted(int(d) for d in self.depths if d >= MIN_DEPTH[family])
+
+    def units(self) -> list[tuple[int, str, str, int]]:
+        """(seed, task, family, depth) of every member."""
+        return [(int(s), t, f, d) for s in self.seeds for t in self.tasks for f in self.families
+                for d in self.family_depths(f)]
+
+
+def unit_name(seed: int, task: str, family: str, depth: int) -> str:
+    return f"s{seed}_{task}_{family}_d{depth:03d}"
+
+
+def member_seed(seed: int, task: str, family: str, depth: int) -> int:
+    """The initialisation seed of a member: distinct per (replicate, task, family, depth), fixed per config."""
+    return int(seed) * 1_000_003 + TASKS.index(task) * 100_003 + FAMILIES.index(family) * 10_007 + int(depth)
+
+
+def build_member(cfg: HierarchyConfig, seed: int, task: str, family: str, depth: int):
+    """A member's transformer, initialised: a root classifier reads one position more (the last, which sees every
+    leaf: :func:`depthlib.compose.roots.root_logits`)."""
+    g = cfg.grammar
+    return build_model(cfg.model, family, depth, g.v, g.length + (task == "root"), member_seed(seed, task, family, depth))
+
+
+def held_out_sets(cfg: HierarchyConfig) -> tuple[HeldOut, HeldOut]:
+    """The held-out set (stream 1) and the probe set of the diagnostics (stream 2)."""
+    grammar = rhm.make_grammar(cfg.grammar)
+    return (HeldOut.draw(grammar, cfg.train.n_held_out, HELD_OUT_STREAM),
+            HeldOut.draw(grammar, cfg.n_probe, PROBE_STREAM))
+
+
+# ---- the units ----------------------------------------------------------------------------------------------
+def grammar_tables(cfg: HierarchyConfig, held: HeldOut) -> dict[str, pd.DataFrame]:
+    """The grammar's own tables: the n-gram baselines fitted on a replicate's whole span (the most sequences any member
+    sees: first replicate's), the Bayes root classifier by observed prefix, and the grammar's numbers."""
+    grammar = rhm.make_grammar(cfg.grammar)
+    g = cfg.grammar
+    base = cfg.base(cfg.seeds[0])
+    train = rhm.sample(grammar, np.arange(base, base + cfg.span), TRAIN_STREAM)
+    leaves = held.leaves.numpy()
+    omega = unseen.n_sequences(g)
+    row = {"v": g.v, "m": g.m, "s": g.s, "L": g.L, "seed": g.seed, "length": g.length,
+           "n_sequences": float(omega), "n_sequences_exact": str(omega), "bayes": float(held.bayes.mean()),
+           "uniform": float(np.log(g.v)), "ngram_samples": int(cfg.span), "n_held_out": int(len(leaves))}
+    return {"ngram": ngram.ngram_table(train, leaves, held.bayes, g.v),
+            "root_bayes": root_bayes_table(grammar, leaves, held.roots.numpy()),
+            "grammar": pd.DataFrame([row])}
+
+
+def train_member(cfg: HierarchyConfig, held: HeldOut, probe: HeldOut, seed: int, task: str, family: str, depth: int,
+                 *, device: str = "cpu", on_step=None) -> dict[str, pd.DataFrame]:
+    """Train, certify and diagnose one member; its unit tables."""
+    grammar = rhm.make_grammar(cfg.grammar)
+    model = build_member(cfg, seed, task, family, depth).to(device)
+    rec = certify_member(task, model, grammar, cfg.train, cfg.certificate, cfg.base(seed), held, on_step=on_step)
+    model = rec["model"].cpu()
+    key = {"task": task, "family": family, "depth": depth, "seed": seed}
+    stages, final = rec["stages"], rec["final"]
+    member = {**key, **parameter_counts(model), "val_loss": final["val_loss"],
+              "bayes": float(held.bayes.mean()) if task == "leaf" else 0.0, "excess": final["excess"],
+              "accuracy": final["accuracy"], "certified": rec["certified"], "continuations": len(rec["gains"]),
+              "last_gain": rec["gains"][-1], "gains": ", ".join(f"{x:+.4f}" for x in rec["gains"]),
+              "best_stage": rec["best_stage"], "steps": rec["steps"],
+              "samples": int((stages["sample_stop"] - stages["sample_start"]).sum()),
+              "seconds": float(stages["seconds"].sum())}
+    empty = pd.DataFrame()
+    if task == "leaf":
+        diag = diagnose(model, probe.leaves, float(probe.bayes.mean()), n_permutations=cfg.n_permutations, seed=seed)
+        member.update(diag["summary"])
+        extra = {name: diag[name] for name in ("layers", "lags", "clusters", "edits")}
+    else:
+        extra = {"layers": empty, "lags": empty, "clusters": empty,
+                 "edits": root_edits(model, probe.leaves, probe.roots)}
+    return {"members": pd.DataFrame([member]), "stages": stages.assign(**key), "curves": rec["curves"].assign(**key),
+            **{name: (t.assign(**key) if len(t) else pd.DataFrame(columns=list(key))) for name, t in extra.items()}}
+
+
+def _member_unit(cfg_dict: dict, held: HeldOut, probe: HeldOut, unit: tuple, store_path: str, device: str) -> str:
+    """One member in a worker process (one torch thread): trained, its tables written to the store."""
+    torch.set_num_threads(1)
+    cfg = HierarchyConfig.from_dict(cfg_dict)
+    store = results.Run(EXPERIMENT, cfg_dict, Path(store_path))
+    tables = train_member(cfg, held, probe, *unit, device=device)
+    name = unit_name(*unit)
+    for table in MEMBER_TABLES:                                 # members last: a member counts once it exists
+        store.write_table(f"{name}_{table}", tables[table])
+    return name
+
+
+def first_curve(cfg: HierarchyConfig, stop_at: int) -> pd.DataFrame:
+    """The main stage of the run's first member up to the evaluation at ``stop_at`` (a replay)."""
+    seed, task, family, depth = cfg.units()[0]
+    held, _ = held_out_sets(cfg)
+    model = build_member(cfg, seed, task, family, depth)
+    curve, _ = train_stage(task, model, rhm.make_grammar(cfg.grammar), cfg.train, cfg.base(seed), held,
+                           stop_at=stop_at)
+    return curve.assign(task=task, family=family, depth=depth, seed=seed, stage="main")
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+def fit_tables(cfg: HierarchyConfig, members: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The fits and their checks (:mod:`depthlib.compose.fits`)."""
+    long = fits.quantities(members)
+    exps = fits.exponents(long)
+    return {"fit_exponents": exps, "fit_stability": fits.stability(exps), "fit_slopes": fits.local_slopes(long),
+            "fit_break": fits.slope_change(long, cfg.grammar.L, cfg.n_bootstrap)}
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def run_hierarchy(cfg: HierarchyConfig, *, jobs: int = 1, device: str = "cpu", force: bool = False,
+                  progress: bool = True) -> results.Run:
+    """Compute (or resume, or load) the run of ``cfg`` in the local results cache: the grammar's tables, then the
+    members (``jobs`` at a time, deepest first so that the workers finish together), each saved as it finishes, then
+    the merged tables, the exact held-out check and the fits."""
+    from tqdm.auto import tqdm
+
+    cfg.validate()
+    int_in_range("jobs", jobs, 1, 256)
+    torch.set_num_threads(1)
+    with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile, code=(f"{__name__}:run_hierarchy",),
+                           seed=int(cfg.seeds[0]), device=device, force=force,
+                           saves="every finished member's tables are in {folder}/units", unit_marker="members") as job:
+        if job.complete:
+            return job.run
+        run = job.run
+        store = results.Run(EXPERIMENT, run.config, run.path / UNITS)
+        store.path.mkdir(parents=True, exist_ok=True)
+        held, probe = held_out_sets(cfg)
+        if not store.has(f"{GRAMMAR_UNIT}_grammar"):
+            tables = grammar_tables(cfg, held)
+            for table in GRAMMAR_TABLES:                        # ``grammar`` last: the unit's marker
+                store.write_table(f"{GRAMMAR_UNIT}_{table}", tables[table])
+            job.save_progress()
+        todo = sorted((u for u in cfg.units() if not store.has(f"{unit_name(*u)}_members")),
+                      key=lambda u: (-u[3], u[0], u[1], u[2]))
+        bar = tqdm(total=len(todo), unit="member", desc=f"{EXPERIMENT} {cfg.profile}", disable=not progress,
+                   file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 30)
+        args = (cfg.to_dict(), held, probe)
+        if jobs == 1 or len(todo) <= 1:
+            for unit in todo:
+                bar.set_postfix_str(unit_name(*unit))
+                _member_unit(*args, unit, str(store.path), device)
+                job.save_progress()
+                bar.update()
+        else:
+            from joblib import Parallel, delayed
+            for name in Parallel(n_jobs=min(jobs, len(todo)), backend="loky", batch_size=1,
+                                 return_as="generator_unordered")(
+                    delayed(_member_unit)(*args, u, str(store.path), device) for u in todo):
+                bar.set_postfix_str(name)
+                job.save_progress()
+                bar.update()
+        bar.close()
+        merged = {t: _concat([store.table(f"{unit_name(*u)}_{t}") for u in cfg.units()]) for t in MEMBER_TABLES}
+        merged.update({t: store.table(f"{GRAMMAR_UNIT}_{t}") for t in GRAMMAR_TABLES})
+        members = merged["members"]
+        merged["root_members"] = members[members["task"] == "root"].assign(
+            error=lambda m: 1.0 - m["accuracy"], ce=lambda m: m["excess"])[
+            ["family", "depth", "seed", "n_params", "n_blocks", "accuracy", "error", "ce", "certified",
+             "continuations", "gains", "steps", "samples"]].reset_index(drop=True)
+        merged.update(fit_tables(cfg, members))
+        grammar = rhm.make_grammar(cfg.grammar)
+        check = unseen.held_out_overlap(grammar, held.leaves.numpy(),
+                                        zip(merged["stages"]["sample_start"], merged["stages"]["sample_stop"]),
+                                        TRAIN_STREAM)
+        for t, df in merged.items():
+            run.write_table(t, df)
+        leaf = members[members["task"] == "leaf"]
+        root = members[members["task"] == "root"]
+        job.record(held_out_overlap=check["found"], training_sequences=check["training_sequences"],
+                   replicates=len(cfg.seeds), n_sequences=str(unseen.n_sequences(cfg.grammar)),
+                   expected_overlap=unseen.expected_overlap(cfg.grammar, check["training_sequences"],
+                                                            cfg.train.n_held_out),
+                   ngram_samples=int(cfg.span), jobs=int(jobs),
+                   summary={"n_members": int(len(members)), "n_certified": int(members["certified"].sum()),
+                            "all_certified": bool(members["certified"].all()),
+                            "bayes_loss": float(held.bayes.mean()),
+                            "best_ngram_excess": float(merged["ngram"]["excess"].min()),
+                            "min_leaf_excess": float(leaf["excess"].min()) if len(leaf) else None,
+                            "max_root_accuracy": float(root["accuracy"].max()) if len(root) else None,
+                            "train_seconds": float(members["seconds"].sum())})
+    return results.Run.load(run.path)
+
+
+def default_jobs() -> int:
+    """One worker per core."""
+    return os.cpu_count() or 1
+
+
+__all__ = ["EXPERIMENT", "GRAMMAR_TABLES", "HierarchyConfig", "MEMBER_TABLES", "build_member", "default_jobs",
+           "first_curve", "fit_tables", "grammar_tables", "held_out_sets", "member_seed", "run_hierarchy",
+           "train_member", "unit_name"]
