@@ -544,9 +544,10 @@ def _add_compose(sub) -> None:
     p = _add_chapter_parser(sub, "compose", help="chapter 7: untied, looped and tied residual transformers on the random "
                                        "hierarchy model and on chapter 6's text, and looped toy students; depth laws "
                                        "and the paper's diagnostics")
-    p.add_argument("--part", choices=("rhm", "text", "toy"), default="rhm",
+    p.add_argument("--part", choices=("rhm", "text", "toy", "hierarchy"), default="rhm",
                    help="rhm: the hierarchical grammar (default); text: the same families on chapter 6's text; toy: "
-                        "looped students in chapter 3's toy")
+                        "looped students in chapter 3's toy; hierarchy: the control on an unseen grammar, next leaf "
+                        "and root, certified (cpu: under two hours on two cores)")
     p.add_argument("--profile", choices=PROFILES, default="smoke",
                    help="smoke: seconds (numbers meaningless); cpu: rhm 3 families, depths 1-8, 3 replicates (under an "
                         "hour on one core), text 19 members (about an hour on two), toy 36 looped students; paper: "
@@ -556,7 +557,7 @@ def _add_compose(sub) -> None:
                         "--depths/--seeds is a custom run")
     p.add_argument("--depths", default=None, metavar="LIST", help="comma-separated effective depths (default: the profile's)")
     p.add_argument("--seeds", default=None, metavar="LIST",
-                   help="comma-separated replicates (rhm part only; default: the profile's)")
+                   help="comma-separated replicates (rhm and hierarchy parts; default: the profile's)")
     _add_force(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(handler=_cmd_compose)
@@ -584,6 +585,8 @@ def _cmd_compose(args) -> dict[str, Any]:
         if args.seeds is not None:
             raise InputError("--seeds applies to --part rhm (the text part trains one seed)")
         cfg = chapter.PROFILES[args.profile].text
+    elif args.part == "hierarchy":
+        cfg = chapter.PROFILES[args.profile].hierarchy
     changes: dict[str, Any] = {}
     if args.families is not None:
         families = tuple(f.strip() for f in args.families.split(",") if f.strip())

@@ -1,8 +1,10 @@
 """Chapter 7's glue: the profiles, the run the chapter shows, its replay check, what the text states about it.
 
-The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (three parts: ``rhm``, the
-hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy;
-``text``, the three families on chapter 6's text),
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (three parts shown: ``rhm``,
+the hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy;
+``text``, the three families on chapter 6's text; and ``hierarchy``, issue 33's control on an unseen, deeper grammar
+with both of its tasks, certified, :mod:`depthlib.compose.hierarchy`, computed on request until its cpu run is
+committed),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
 ``describe``, ``summary`` and ``COMPUTE``.
 """
@@ -15,8 +17,10 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime
-from depthlib.compose import looped_toy, text
+from depthlib.compose import hierarchy, looped_toy, text
+from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
+from depthlib.compose.hierarchy import HierarchyConfig
 from depthlib.compose.looped_toy import LoopedToyConfig
 from depthlib.compose.model import ModelConfig
 from depthlib.compose.rhm import RHMConfig
@@ -31,24 +35,33 @@ from depthlib.toy.converged import ConvergedConfig
 #: (:func:`depthlib.results.compute_modules`: the compose package, the angle measures and the trajectory clusters).
 COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
            looped_toy.EXPERIMENT: "depthlib.compose.looped_toy:run_looped_toy",
-           text.EXPERIMENT: "depthlib.compose.text:run_text"}
+           text.EXPERIMENT: "depthlib.compose.text:run_text",
+           hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:run_hierarchy"}
 TOY_EXPERIMENT = looped_toy.EXPERIMENT
 TEXT_EXPERIMENT = text.EXPERIMENT
+HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
+#: The chapter's parts, in the order :func:`runs` returns them
+PARTS = ("rhm", "toy", "text", "hierarchy")
+#: The parts the chapter shows by default: ``hierarchy`` joins them once its cpu run is committed (about two hours)
+SHOWN_PARTS = ("rhm", "toy", "text")
 
-__all__ = ["COMPUTE", "EXPERIMENT", "PROFILES", "TEXT_EXPERIMENT", "TOY_EXPERIMENT", "ComposeProfile", "compute",
-           "describe", "describe_text", "describe_toy", "profile_config", "replay", "replay_text", "replay_toy", "runs",
-           "summary", "summary_text", "summary_toy"]
+__all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "PARTS", "PROFILES", "SHOWN_PARTS", "TEXT_EXPERIMENT",
+           "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe", "describe_hierarchy", "describe_text",
+           "describe_toy", "profile_config", "replay", "replay_hierarchy", "replay_text", "replay_toy", "runs",
+           "summary", "summary_hierarchy", "summary_text", "summary_toy"]
 
 
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
     """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``),
-    the looped students in chapter 3's toy (``toy``), and the three families on chapter 6's text (``text``)."""
+    the looped students in chapter 3's toy (``toy``), the three families on chapter 6's text (``text``) and issue 33's
+    control on an unseen grammar, both tasks, certified (``hierarchy``)."""
 
     name: str
     run: ComposeConfig
     toy: LoopedToyConfig
     text: TextConfig
+    hierarchy: HierarchyConfig
 
 
 #: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
@@ -66,6 +79,25 @@ class ComposeProfile(Profile):
 #: (1000 steps × 32 windows of 64), width 64 as chapter 6; effective depths 1–8 (looped from 3), one seed, so the
 #: intervals are bootstraps over the 31 held-out documents (measured 0.085 s per step for the unembedding plus
 #: 0.021 s per block application on one core: about 56 core-minutes for the 19 members, two workers).
+#: The hierarchy part (:mod:`depthlib.compose.hierarchy`, issue 33; why this grammar: that module's measurement): cpu:
+#: the grammar (4, 2, 2, 5) — 32 leaves, Ω = 8.6·10⁹ sequences — both tasks, three families at effective depths 1, 2,
+#: 3, 4, 6, 8 (looped from 3; below and above L = 5), three replicates, width 32, 1000 steps × 64 fresh sequences per
+#: main stage, continuations of 500 steps (at most 2), so at most 128 000 sequences per member (the n-gram tables get
+#: as many). Timed slice (300 steps per member on this 2-core machine while another 2-process job ran, load average
+#: 3–7): the untied member at ℓ = 8 took 100 ms per step (next leaf) and 106 ms (root), at ℓ = 1 17 ms: 5.5 ms + 11.8
+#: ms per block application; a held-out evaluation (2 048 sequences) 0.02 s + 0.15 s per block, the diagnostics
+#: 0.7 s per block, the n-gram tables 31 s, the exact held-out check 2 s. 16 members per task and replicate (Σℓ = 69),
+#: 96 in all, on two 1-thread workers: 53 min without continuations, 81 min with one each, 109 min if every member
+#: runs both — the likely case: the untied ℓ = 4 members measured in full both did (next-leaf excess 0.0358 → 0.0248
+#: → 0.0185, gains 31 % and 25 %; root cross-entropy 0.140 → 0.069 → 0.0002, accuracy 0.947 → 0.978 → 1.000) and
+#: end *not certified*, with their gains: at this budget the members are still learning from fresh samples.
+#: paper (a GPU; not measured: no GPU in this session; ``compute(PROFILES["paper"].hierarchy, device="cuda")``): the
+#: grammar (8, 4, 2, 5) — m/v = 1/2 at v = 8, whose top level needs far more samples than the cpu budget; Ω = 3.7·10¹⁹,
+#: so five replicates' 51 M draws share about 10⁻⁸ sequences with the 8 192 held-out ones — width 128, depths 1–16 (5
+#: and 10 among them), five replicates, 20 000 steps × 256 (continuations of 10 000, at most 2: ≤ 10.2 M sequences
+#: per member; the n-gram tables on as many, tens of CPU minutes): 28 members per task and replicate, Σℓ = 198; at an
+#: assumed 1 ms per block application per step (launch-bound at width 128) about 22 h if every member runs both
+#: continuations, less with several workers sharing the GPU (``jobs``).
 PROFILES: dict[str, ComposeProfile] = {
     "smoke": ComposeProfile("smoke", ComposeConfig(
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
@@ -77,12 +109,16 @@ PROFILES: dict[str, ComposeProfile] = {
         TextConfig("smoke", corpus=CorpusConfig(n_docs=24, val_every=6, val_tokens=64, probe_chunks=2, probe_words=20),
                    vocab_size=512, context=32, depths=(1, 2, 3, 4), model=ModelConfig(d_model=16, n_heads=2),
                    train=TrainConfig(steps=20, batch_size=8, evals=5, n_held_out=1), n_probe=8, n_permutations=2,
-                   n_bootstrap=50)),
+                   n_bootstrap=50),
+        HierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
+                        model=ModelConfig(d_model=16, n_heads=2),
+                        train=TrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
+                        certificate=Certificate(max_continuations=1), n_probe=32, n_permutations=2, n_bootstrap=50)),
     "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
                           LoopedToyConfig("cpu", ConvergedConfig(
                               "cpu", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48),
                               steps_deepest=3_000), continuations=0),
-                          TextConfig("cpu")),
+                          TextConfig("cpu"), HierarchyConfig("cpu")),
     "paper": ComposeProfile("paper", ComposeConfig(
         "paper", grammar=RHMConfig(v=16, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24),
         seeds=(0, 1, 2, 3, 4), model=ModelConfig(d_model=128, n_heads=4),
@@ -92,7 +128,12 @@ PROFILES: dict[str, ComposeProfile] = {
             "paper", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48, 96), steps_deepest=40_000,
             batch=1024, pool_batches=4_096), continuations=2),
         TextConfig("paper", depths=(1, 2, 3, 4, 6, 8, 12, 16, 24), model=ModelConfig(d_model=256, n_heads=4),
-                   train=TrainConfig(steps=8000, batch_size=64, lr=1e-3, evals=20, n_held_out=1), n_probe=512)),
+                   train=TrainConfig(steps=8000, batch_size=64, lr=1e-3, evals=20, n_held_out=1), n_probe=512),
+        HierarchyConfig("paper", grammar=RHMConfig(v=8, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
+                        seeds=(0, 1, 2, 3, 4),
+                        model=ModelConfig(d_model=128, n_heads=4),
+                        train=TrainConfig(steps=20_000, batch_size=256, lr=1e-3, evals=20, n_held_out=8192),
+                        n_probe=2048, n_permutations=8, n_bootstrap=2000)),
 }
 
 
@@ -101,12 +142,19 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
     return PROFILES[profile].run.validate()
 
 
-def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig, *, force: bool = False, progress: bool = True,
-            jobs: int | None = None) -> results.Run:
+def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig, *, force: bool = False,
+            progress: bool = True, jobs: int | None = None, device: str = "cpu") -> results.Run:
     """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
     for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s, for the text part
-    :func:`depthlib.compose.text.run_text`'s, whose members train ``jobs`` at a time: default one per core)."""
+    :func:`depthlib.compose.text.run_text`'s and for the hierarchy part
+    :func:`depthlib.compose.hierarchy.run_hierarchy`'s, whose members train ``jobs`` at a time: default one per core).
+    ``device``: the hierarchy part's members may train on an accelerator; the other parts train on the CPU."""
     runtime.configure_process(1)
+    if isinstance(cfg, HierarchyConfig):
+        return hierarchy.run_hierarchy(cfg, jobs=jobs or hierarchy.default_jobs(), device=device, force=force,
+                                       progress=progress)
+    if device != "cpu":
+        raise InputError(f"this part of chapter 7 trains on the CPU, got device {device!r}")
     if isinstance(cfg, LoopedToyConfig):
         return looped_toy.run_looped_toy(cfg, force=force, progress=progress)
     if isinstance(cfg, TextConfig):
@@ -115,25 +163,25 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig, *, force: bool = 
 
 
 def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
-         progress: bool = False) -> dict[str, results.Run]:
+         progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
     """``{"rhm": run, "toy": run, "text": run}``: the runs chapter 7 shows for ``profile`` (the one rule:
-    :func:`depthlib.results.select_run`), each trained now (resumable) if there is none. Members train in this
-    process on the CPU (``executor`` and ``device`` are accepted for the contract and must be left at their
-    defaults)."""
+    :func:`depthlib.results.select_run`), each trained now (resumable) if there is none; ``parts`` may add
+    ``"hierarchy"`` (:data:`PARTS`). Members train in this process on the CPU (``executor`` and ``device`` are
+    accepted for the contract and must be left at their defaults)."""
     results.check_profile(profile)
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise InputError(f"chapter 7 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
     if executor is not None and getattr(executor, "kind", "serial") != "serial":
         raise InputError("chapter 7 trains its members in this process: no executor")
     if device not in (None, "cpu"):
         raise InputError(f"chapter 7 trains on the CPU, got device {device!r}")
-    return {"rhm": results.chapter_run(
-        EXPERIMENT, profile, lambda: compute(PROFILES[profile].run, progress=progress),
-        expected_config=lambda p: PROFILES[p].run.to_dict() if p in PROFILES else None, rerun=rerun),
-        "toy": results.chapter_run(
-        TOY_EXPERIMENT, profile, lambda: compute(PROFILES[profile].toy, progress=progress),
-        expected_config=lambda p: PROFILES[p].toy.to_dict() if p in PROFILES else None, rerun=rerun),
-        "text": results.chapter_run(
-        TEXT_EXPERIMENT, profile, lambda: compute(PROFILES[profile].text, progress=progress),
-        expected_config=lambda p: PROFILES[p].text.to_dict() if p in PROFILES else None, rerun=rerun)}
+    configs = {"rhm": (EXPERIMENT, "run"), "toy": (TOY_EXPERIMENT, "toy"), "text": (TEXT_EXPERIMENT, "text"),
+               "hierarchy": (HIERARCHY_EXPERIMENT, "hierarchy")}
+    return {part: results.chapter_run(
+        experiment, profile, lambda a=attr: compute(getattr(PROFILES[profile], a), progress=progress),
+        expected_config=lambda p, a=attr: getattr(PROFILES[p], a).to_dict() if p in PROFILES else None, rerun=rerun)
+        for part, (experiment, attr) in configs.items() if part in parts}
 
 
 def _replayed_losses(run: results.Run, committed: pd.DataFrame, curve: pd.DataFrame, steps, key: dict) -> pd.DataFrame:
@@ -203,6 +251,8 @@ def replay(run: results.Run) -> pd.DataFrame:
         return replay_toy(run)
     if run.experiment == TEXT_EXPERIMENT:
         return replay_text(run)
+    if run.experiment == HIERARCHY_EXPERIMENT:
+        return replay_hierarchy(run)
 
     from depthlib.compose import rhm
     from depthlib.compose.train import held_out
@@ -220,6 +270,75 @@ def replay(run: results.Run) -> pd.DataFrame:
     committed = run.table("curves")
     mine = committed[(committed["family"] == family) & (committed["depth"] == depth) & (committed["seed"] == seed)]
     return _replayed_losses(run, mine, curve, (0, first), {"family": family, "depth": depth, "seed": seed})
+
+
+def replay_hierarchy(run: results.Run) -> pd.DataFrame:
+    """Retrain the hierarchy run's first member (first replicate and task, first family, shallowest depth) up to its
+    main stage's first held-out evaluation with the current code; its committed and recomputed losses there."""
+    import torch
+    cfg = HierarchyConfig.from_dict(run.config)
+    seed, task, family, depth = cfg.units()[0]
+    first = cfg.train.eval_steps()[1]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        curve = hierarchy.first_curve(cfg, first)
+    finally:
+        torch.set_num_threads(threads)
+    c = run.table("curves")
+    mine = c[(c["task"] == task) & (c["family"] == family) & (c["depth"] == depth) & (c["seed"] == seed)
+             & (c["stage"] == "main")]
+    return _replayed_losses(run, mine, curve, (0, first), {"task": task, "family": family, "depth": depth,
+                                                           "seed": seed})
+
+
+def describe_hierarchy(run: results.Run) -> dict:
+    """Provenance and settings of a hierarchy run (issue 33's control), with its exact held-out check."""
+    c = HierarchyConfig.from_dict(run.config)
+    g, m = c.grammar, run.manifest
+    return {**results.run_info(run), "grammar": {"v": g.v, "m": g.m, "s": g.s, "L": g.L, "seed": g.seed},
+            "length": g.length, "n_sequences": m.get("n_sequences"), "tasks": list(c.tasks),
+            "families": list(c.families), "depths": {f: c.family_depths(f) for f in c.families},
+            "seeds": list(c.seeds), "replicates": m.get("replicates"), "d_model": c.model.d_model,
+            "n_heads": c.model.n_heads, "steps": c.train.steps, "batch_size": c.train.batch_size, "lr": c.train.lr,
+            "continuation_steps": c.certificate.continuation_config(c.train).steps,
+            "max_continuations": c.certificate.max_continuations, "gain_below": c.certificate.gain_below,
+            "max_sequences_per_member": c.span, "n_held_out": c.train.n_held_out,
+            "held_out_overlap": m.get("held_out_overlap"), "training_sequences": m.get("training_sequences"),
+            "expected_overlap": m.get("expected_overlap"), "n_members": len(c.units())}
+
+
+def summary_hierarchy(run: results.Run) -> dict:
+    """The key numbers of a hierarchy run: the held-out check, the best n-gram's excess, per task and family the
+    mean over replicates per depth (next-leaf excess; root cross-entropy and accuracy), the shown exponents (else why
+    not), the slope-change tests, certification and the wall time."""
+    d = describe_hierarchy(run)
+    members, ngram = run.table("members"), run.table("ngram")
+    best = ngram.loc[ngram["excess"].idxmin()]
+    losses = {}
+    for (task, family), g in members.groupby(["task", "family"], sort=False):
+        cols = ["excess"] + (["accuracy"] if task == "root" else [])
+        losses.setdefault(task, {})[family] = {int(k): {c: float(v[c]) for c in cols}
+                                               for k, v in g.groupby("depth")[cols].mean().iterrows()}
+    stab = run.table("fit_stability")
+    brk = run.table("fit_break")
+    return {"run": str(run.path), **{k: d[k] for k in ("profile", "grammar", "length", "n_sequences", "depths",
+                                                        "replicates", "steps", "max_sequences_per_member",
+                                                        "held_out_overlap", "training_sequences")},
+            "bayes_loss": float(ngram["bayes"].iloc[0]),
+            "best_ngram": {"context": int(best["context"]), "excess": float(best["excess"])},
+            "losses": losses,
+            "alpha": {f"{r.family} ({r.quantity})": ({"value": r.alpha, "lo": r.lo, "hi": r.hi,
+                                                      "without_1": r.alpha_without_1,
+                                                      "drop_one": [r.drop_one_min, r.drop_one_max]} if r.shown
+                                                     else {"value": None, "reason": r.why_not})
+                      for r in stab.itertuples()},
+            "slope_change": {f"{r.family} ({r.quantity})": {"break": r["break"], "change": r.change,
+                                                           "lo": r.change_lo, "hi": r.change_hi,
+                                                           "changes": bool(r.changes), "break_at_L": bool(r.break_at_L)}
+                             for _, r in brk.iterrows()} if len(brk) else {},
+            "n_certified": int(members["certified"].sum()), "n_members": int(len(members)),
+            "wall_time_s": run.manifest.get("wall_time_s")}
 
 
 def describe_toy(run: results.Run) -> dict:
@@ -287,6 +406,8 @@ def describe(run: results.Run) -> dict:
         return describe_toy(run)
     if run.experiment == TEXT_EXPERIMENT:
         return describe_text(run)
+    if run.experiment == HIERARCHY_EXPERIMENT:
+        return describe_hierarchy(run)
     c = from_dict(ComposeConfig, run.config)
     g = c.grammar
     return {**results.run_info(run), "grammar": {"v": g.v, "m": g.m, "s": g.s, "L": g.L, "seed": g.seed},
@@ -321,6 +442,8 @@ def summary(run: results.Run) -> dict:
         return summary_toy(run)
     if run.experiment == TEXT_EXPERIMENT:
         return summary_text(run)
+    if run.experiment == HIERARCHY_EXPERIMENT:
+        return summary_hierarchy(run)
     d = describe(run)
     alphas = analysis.alpha_table(run)
     losses = analysis.loss_table(run)
