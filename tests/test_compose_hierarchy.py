@@ -1,0 +1,298 @@
+"""Chapter 7's hierarchy control (issue 33): the exact held-out check, the n-gram baselines, the Bayes losses of both
+tasks by enumeration, the certificate, the fits on known answers, resume bit for bit, one-line errors."""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from depthlib.compose import certify, fits, hierarchy, ngram, rhm, roots, unseen
+from depthlib.compose.model import ModelConfig
+from depthlib.compose.train import TrainConfig
+from depthlib.errors import InputError
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+#: small grammars whose every derivation can be listed (s = 2 and s = 3, L = 1 … 3)
+SMALL = [rhm.RHMConfig(3, 2, 2, 2, seed=1), rhm.RHMConfig(2, 2, 2, 3, seed=4), rhm.RHMConfig(3, 2, 3, 2, seed=2),
+         rhm.RHMConfig(4, 3, 2, 1, seed=3)]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _conditionals(x: np.ndarray) -> np.ndarray:
+    """−log P(x_t | x_<t) of every leaf of an equiprobable list of sequences, by counting prefixes."""
+    T = x.shape[1]
+    prefix = [Counter(map(tuple, x[:, :t])) for t in range(T + 1)]
+    return np.array([[-np.log(prefix[t + 1][tuple(row[:t + 1])] / prefix[t][tuple(row[:t])]) for t in range(T)]
+                     for row in x])
+
+
+# ---- unseen held-out sequences ------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", SMALL, ids=str)
+def test_every_derivation_is_listed_once_and_counted_exactly(cfg):
+    g = rhm.make_grammar(cfg)
+    x, r = unseen.all_sequences(g)
+    assert len(x) == unseen.n_sequences(cfg) == cfg.v * cfg.m ** sum(cfg.s ** k for k in range(cfg.L))
+    assert len({tuple(row) for row in x}) == len(x)                    # unambiguous: one tree, one sequence
+    assert np.array_equal(rhm.parse(g, x)[0][0][:, 0], r)
+    assert unseen.n_sequences(rhm.RHMConfig(4, 2, 2, 5)) == 4 * 2 ** 31    # the cpu grammar: 8.6e9
+
+
+def test_overlap_counts_a_planted_duplicate_exactly():
+    g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 5))
+    held = rhm.sample(g, np.arange(50), 1)
+    assert unseen.held_out_overlap(g, held, [(0, 6000)])["found"] == 0     # Ω = 8.6e9: none by chance
+    train = rhm.sample(g, np.arange(6000), 0)
+    held[3], held[7], held[9] = train[1234], train[4999], train[1234]       # planted: two sequences, one twice
+    out = unseen.held_out_overlap(g, held, [(0, 3000), (2000, 6000)], chunk=1000)
+    assert out == {"found": 2, "training_sequences": 6000}                  # overlapping ranges count once
+    assert unseen.held_out_overlap(g, held, [(1000, 2000)])["found"] == 1
+    assert unseen.held_out_overlap(g, held, [(5000, 6000), (0, 1000)])["found"] == 0
+    # a tiny grammar where most held-out sequences are seen: the count agrees with a set of the training rows
+    tiny = rhm.make_grammar(rhm.RHMConfig(3, 2, 2, 2, seed=1))
+    h, t = rhm.sample(tiny, np.arange(40), 1), rhm.sample(tiny, np.arange(25), 0)
+    seen = {tuple(row) for row in t}
+    assert unseen.held_out_overlap(tiny, h, [(0, 25)])["found"] == len({tuple(row) for row in h} & seen)
+    assert unseen.merge_ranges([(5, 9), (0, 3), (2, 4), (9, 9)]) == [(0, 4), (5, 9)]
+    assert unseen.expected_overlap(rhm.RHMConfig(3, 2, 2, 2), 10**6, 5) == pytest.approx(5.0)
+
+
+# ---- the Bayes losses of both tasks, by enumeration -------------------------------------------------------
+@pytest.mark.parametrize("cfg", SMALL, ids=str)
+def test_inside_algorithm_bayes_loss_equals_enumeration(cfg):
+    g = rhm.make_grammar(cfg)
+    x, _ = unseen.all_sequences(g)
+    np.testing.assert_allclose(rhm.bayes_nll(g, x), _conditionals(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cfg", SMALL, ids=str)
+def test_root_bayes_classifier_equals_enumeration(cfg):
+    """P(root | first t leaves) by the inside algorithm against counting the listed derivations; from every leaf the
+    root is certain (accuracy 1, cross-entropy 0: unambiguous rules)."""
+    g = rhm.make_grammar(cfg)
+    x, r = unseen.all_sequences(g)
+    T = x.shape[1]
+    for t in range(T + 1):
+        acc, ce = [], []
+        for i in range(len(x)):
+            same = (x[:, :t] == x[i, :t]).all(1)
+            p = np.bincount(r[same], minlength=cfg.v) / same.sum()
+            acc.append(float(p[r[i]] == p.max()) / int((p == p.max()).sum()))
+            ce.append(-np.log(p[r[i]]))
+        b = roots.bayes_root(g, x, r, t)
+        assert b["accuracy"] == pytest.approx(np.mean(acc), abs=1e-12) and b["ce"] == pytest.approx(np.mean(ce), abs=1e-12)
+    table = roots.root_bayes_table(g, x, r)
+    assert table["accuracy"].iloc[-1] == 1.0 and table["ce"].iloc[-1] == pytest.approx(0.0, abs=1e-12)
+    assert table["accuracy"].iloc[0] == pytest.approx(1 / cfg.v) and table["ce"].iloc[0] == pytest.approx(np.log(cfg.v))
+
+
+def test_a_root_classifier_reads_every_leaf_at_its_last_position():
+    cfg = dataclasses.replace(hierarchy.HierarchyConfig("smoke", grammar=rhm.RHMConfig(4, 2, 2, 3)),
+                              model=ModelConfig(d_model=16, n_heads=2))
+    model = hierarchy.build_member(cfg, 0, "root", "untied", 2)
+    assert model.position.num_embeddings == cfg.grammar.length + 1
+    x = torch.from_numpy(rhm.sample(rhm.make_grammar(cfg.grammar), np.arange(5), 0))
+    logits = roots.root_logits(model, x)
+    assert logits.shape == (5, cfg.grammar.v)
+    y = x.clone()
+    y[:, -1] = (y[:, -1] + 1) % cfg.grammar.v                             # the last leaf changes the readout
+    assert not torch.allclose(roots.root_logits(model, y), logits)
+
+
+# ---- n-gram baselines ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", SMALL, ids=str)
+def test_the_whole_prefix_table_is_the_bayes_predictor_on_every_sequence_once(cfg):
+    """Every sequence is equally likely, so a table counted on every derivation once (here ten times) holds the exact
+    conditional frequencies: without smoothing the whole-prefix n-gram *is* the Bayes predictor (excess 0), and for
+    L = 1 the one-previous-leaf table already is (the sequence is one production)."""
+    g = rhm.make_grammar(cfg)
+    x, _ = unseen.all_sequences(g)
+    T = x.shape[1]
+    table = ngram.ngram_table(np.tile(x, (10, 1)), x, rhm.bayes_nll(g, x), cfg.v, betas=(1e-12,))
+    assert list(table["context"]) == list(range(T))
+    assert abs(table["excess"].iloc[-1]) < 1e-9
+    if cfg.L > 1 and cfg.v * cfg.m < cfg.v ** cfg.s:                      # (with every tuple used, leaves are iid)
+        assert table["excess"].iloc[0] > 0.01                              # one position's frequencies are not enough
+    # smoothing can only cost: the chosen β is positive and the excess is ≥ 0 up to float noise
+    smoothed = ngram.ngram_table(np.tile(x, (10, 1)), x, rhm.bayes_nll(g, x), cfg.v)
+    assert (smoothed["excess"] > -1e-12).all() and (smoothed["beta"] > 0).all()
+
+
+def test_ngram_tables_fall_back_on_shorter_contexts_and_validate_without_the_held_out_set():
+    g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 4))
+    train, held = rhm.sample(g, np.arange(3000), 0), rhm.sample(g, np.arange(200), 1)
+    nll = ngram.position_nll(np.concatenate([train, held]), len(train), 4, 15, (1.0,))
+    assert nll.shape == (1, 16, 200) and np.all(np.isfinite(nll))
+    table = ngram.ngram_table(train, held, rhm.bayes_nll(g, held), 4, contexts=(0, 1, 3, 15))
+    assert list(table["order"]) == [1, 2, 4, 16] and (table["n_train"] == 3000).all()
+    assert table["excess"].iloc[1] < table["excess"].iloc[0]               # one neighbour helps
+    # the held-out set never tunes β: changing it leaves the validation losses (and so β) alone
+    other = ngram.ngram_table(train, rhm.sample(g, np.arange(200, 400), 1), rhm.bayes_nll(g, held), 4,
+                              contexts=(0, 1, 3, 15))
+    assert list(other["beta"]) == list(table["beta"]) and np.allclose(other["validation_loss"], table["validation_loss"])
+
+
+# ---- the certificate ----------------------------------------------------------------------------------------
+def test_the_certificate_continues_until_a_continuation_gains_less_than_two_percent(monkeypatch):
+    """Scripted stages: the main stage ends at excess 0.10, the first continuation gains 10 % (continue), the second
+    1 % (certified). Each stage trains on the next fresh samples of the replicate's span; the best stage is kept."""
+    script = iter([0.10, 0.09, 0.0891])
+    calls = []
+
+    def fake_stage(task, model, grammar, cfg, start, held, on_step=None, stop_at=None):
+        calls.append((start, cfg.steps))
+        before = getattr(model, "_excess", 1.0)
+        model._excess = next(script)
+        curve = pd.DataFrame({"step": [0, cfg.steps], "val_loss": [before + 1, model._excess + 1],
+                              "excess": [before, model._excess], "accuracy": [np.nan, np.nan]})
+        return curve, {"val_loss": model._excess + 1, "excess": model._excess, "accuracy": np.nan, "seconds": 0.0}
+
+    monkeypatch.setattr(certify, "train_stage", fake_stage)
+    train = TrainConfig(steps=100, batch_size=4, evals=10)
+    cert = certify.Certificate(continuation=0.5, max_continuations=3)
+    assert certify.GAIN_BELOW == 0.02                                       # chapter 3's, imported
+    rec = certify.certify_member("leaf", torch.nn.Linear(1, 1), None, train, cert, 1000, None)
+    assert rec["certified"] and rec["gains"] == pytest.approx([0.1, 0.01]) and rec["best_stage"] == "c2"
+    assert calls == [(1000, 100), (1400, 50), (1600, 50)]                   # main, then fresh samples each time
+    assert rec["steps"] == 200 and list(rec["stages"]["stage"]) == ["main", "c1", "c2"]
+    assert cert.span(train) == (100 + 3 * 50) * 4
+    # a member still gaining after every continuation is reported, not certified
+    script = iter([0.10, 0.09, 0.08, 0.07])
+    rec = certify.certify_member("leaf", torch.nn.Linear(1, 1), None, train, cert, 0, None)
+    assert not rec["certified"] and len(rec["gains"]) == 3 and rec["final"]["excess"] == pytest.approx(0.07)
+
+
+# ---- fits on known answers ----------------------------------------------------------------------------------
+def _members(law, depths=(1, 2, 3, 4, 6, 8, 12, 16), seeds=(0, 1, 2, 3), noise=0.01, family="untied"):
+    rng = np.random.default_rng(0)
+    return pd.DataFrame([{"task": "leaf", "family": family, "depth": d, "seed": s,
+                          "excess": float(law(d) * np.exp(noise * rng.standard_normal())), "accuracy": np.nan}
+                         for s in seeds for d in depths])
+
+
+def test_exponents_recover_a_power_law_and_are_shown_only_when_stable():
+    long = fits.quantities(_members(lambda d: 0.3 * d ** -1.4))
+    s = fits.stability(fits.exponents(long)).iloc[0]
+    assert s["alpha"] == pytest.approx(1.4, abs=0.03) and s["lo"] < 1.4 < s["hi"] and s["shown"]
+    assert s["alpha_without_1"] == pytest.approx(1.4, abs=0.03) and s["drop_one_min"] <= s["alpha"] <= s["drop_one_max"]
+    slopes = fits.local_slopes(long)
+    assert np.allclose(slopes["slope"], 1.4, atol=0.1) and (slopes["n_seeds"] == 4).all()
+    # ℓ = 1 far off the law: the exponent moves when it is left out, so the fit is not shown
+    shaky = fits.stability(fits.exponents(fits.quantities(_members(lambda d: 0.3 * d ** -1.4 * (5 if d == 1 else 1)))))
+    assert not shaky["shown"].iloc[0] and "ℓ = 1" in shaky["why_not"].iloc[0]
+    assert shaky["alpha_without_1"].iloc[0] == pytest.approx(1.4, abs=0.03)
+
+
+def test_two_segments_recover_a_known_break_and_a_straight_line_has_none():
+    x = np.array([1, 2, 3, 4, 6, 8, 12, 16])
+    exact = fits.two_segment(x, np.where(x <= 4, 0.5 * x ** -0.5, 0.5 * 4 ** 1.5 * x ** -2.0))
+    assert exact["break"] == pytest.approx(4.0) and exact["change"] == pytest.approx(1.5)
+    assert exact["alpha_before"] == pytest.approx(0.5) and exact["sse"] < 1e-20
+    law = lambda d: np.where(d <= 4, 0.5 * d ** -0.5, 0.5 * 4 ** 1.5 * d ** -2.0)   # noqa: E731
+    b = fits.slope_change(fits.quantities(_members(law)), L=4, n_boot=200).iloc[0]
+    assert b["change"] == pytest.approx(1.5, abs=0.1) and b["break"] == pytest.approx(4.0, rel=0.15)
+    assert b["changes"] and b["break_at_L"] and b["change_lo"] > 1.0 and b["change_t_lo"] > 1.0
+    flat = fits.slope_change(fits.quantities(_members(lambda d: 0.3 * d ** -1.0)), L=4, n_boot=200).iloc[0]
+    assert not flat["changes"] and flat["change_lo"] < 0 < flat["change_hi"]
+
+
+# ---- the run: resumable bit for bit, one-line errors -------------------------------------------------------
+TINY = hierarchy.HierarchyConfig(
+    "smoke", grammar=rhm.RHMConfig(4, 2, 2, 3), families=("untied",), depths=(1, 2, 4), seeds=(0, 1),
+    model=ModelConfig(d_model=8, n_heads=2), train=TrainConfig(steps=10, batch_size=8, evals=5, n_held_out=32),
+    certificate=certify.Certificate(max_continuations=1), n_probe=16, n_permutations=2, n_bootstrap=20)
+
+
+def _tables(run):
+    out = {}
+    for path in sorted(run.path.glob("*.parquet")):
+        t = pd.read_parquet(path)
+        out[path.stem] = t.drop(columns=[c for c in t.columns if c == "seconds"])
+    return out
+
+
+def test_an_interrupted_run_resumes_bit_for_bit_and_replays(cache, monkeypatch):
+    from depthlib import lifecycle
+    from depthlib.compose import chapter
+    whole = hierarchy.run_hierarchy(TINY, progress=False)
+    reference = _tables(whole)
+    assert {"ngram", "root_members", "root_bayes", "fit_exponents", "stages"} <= set(reference)
+    assert len(reference["members"]) == len(TINY.units()) == 12
+    m = whole.manifest
+    assert m["replicates"] == 2 and m["n_sequences"] == str(4 * 2 ** 7)
+    assert m["held_out_overlap"] == unseen.held_out_overlap(
+        rhm.make_grammar(TINY.grammar), rhm.sample(rhm.make_grammar(TINY.grammar), np.arange(32), 1),
+        [(s * TINY.span, (s + 1) * TINY.span) for s in TINY.seeds])["found"]
+    rep = chapter.replay(whole)
+    assert len(rep) and np.array_equal(rep["committed"], rep["replayed"])
+
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(cache / "again"))          # the same run, computed again
+    real, trained = hierarchy.train_member, []
+
+    def stop_after_five(*args, **kwargs):
+        if len(trained) == 5:
+            raise KeyboardInterrupt
+        trained.append(args[3:])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hierarchy, "train_member", stop_after_five)
+    with pytest.raises(lifecycle.RunInterrupted):
+        hierarchy.run_hierarchy(TINY, progress=False)
+    monkeypatch.setattr(hierarchy, "train_member", lambda *a, **k: trained.append(a[3:]) or real(*a, **k))
+    again = hierarchy.run_hierarchy(TINY, progress=False)
+    assert again.path != whole.path and again.manifest["held_out_overlap"] == m["held_out_overlap"]
+    resumed = _tables(again)
+    assert len(trained) == 12 and len(set(trained)) == 12                 # every member trained exactly once
+    for name, table in reference.items():
+        pd.testing.assert_frame_equal(resumed[name], table, check_exact=True, obj=name)
+
+
+def test_profiles_and_parts():
+    from depthlib.compose import chapter
+    for name, p in chapter.PROFILES.items():
+        cfg = p.hierarchy.validate()
+        assert cfg.profile == name and hierarchy.HierarchyConfig.from_dict(cfg.to_dict()) == cfg
+    cpu = chapter.PROFILES["cpu"].hierarchy
+    assert min(cpu.depths) < cpu.grammar.L < max(cpu.depths) and len(cpu.seeds) >= 3 and set(cpu.tasks) == {"leaf", "root"}
+    assert unseen.expected_overlap(cpu.grammar, len(cpu.seeds) * cpu.span, cpu.train.n_held_out) < 0.2
+    assert "hierarchy" in chapter.PARTS and "hierarchy" not in chapter.SHOWN_PARTS
+    assert chapter.COMPUTE[hierarchy.EXPERIMENT] == "depthlib.compose.hierarchy:run_hierarchy"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: dataclasses.replace(TINY, tasks=("leaf", "parse")).validate(), "task"),
+    (lambda: dataclasses.replace(TINY, seeds=(0, 0)).validate(), "seeds"),
+    (lambda: dataclasses.replace(TINY, depths=()).validate(), "depths"),
+    (lambda: dataclasses.replace(TINY, families=("looped",), depths=(1, 2)).validate(), "looped"),
+    (lambda: dataclasses.replace(TINY, certificate=certify.Certificate(continuation=0)).validate(), "continuation"),
+    (lambda: dataclasses.replace(TINY, grammar=rhm.RHMConfig(4, 5, 2, 3)).validate(), "v·m"),
+    (lambda: unseen.all_sequences(rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 5))), "enumerate"),
+    (lambda: ngram.ngram_table(np.zeros((10, 4), int), np.zeros((2, 4), int), np.zeros((2, 4)), 2, contexts=(4,)),
+     "contexts"),
+    (lambda: fits.two_segment([1, 2, 3], [1.0, 0.5, 0.3]), "4 distinct depths"),
+    (lambda: roots.root_log_likelihood(rhm.make_grammar(rhm.RHMConfig(3, 2, 2, 2)), np.zeros((1, 4), int), 5),
+     "observed"),
+    (lambda: __import__("depthlib.compose.chapter", fromlist=["runs"]).runs("smoke", parts=("grammar",)), "part"),
+])
+def test_bad_settings_are_one_line_input_errors(make, message):
+    with pytest.raises(InputError, match=message) as err:
+        make()
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("args, message", [(["--families", "recurrent"], "--families"),
+                                           (["--depths", "2,x"], "--depths"), (["--seeds", "0,0"], "seeds")])
+def test_cli_hierarchy_part_bad_input_is_one_line_exit_2(capsys, args, message):
+    from depthlib.cli import main
+    assert main(["compose", "--part", "hierarchy", "--profile", "smoke", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("depthlib compose: error:") and message in err[0], err
