@@ -17,7 +17,7 @@ training sequences are known exactly and can be checked against the held-out set
 The loop is written out here, not shared with :func:`depthlib.compose.train.train`, so that the committed grammar
 run's code stays as it was; it takes a task and a device.
 
-**The certificate** is chapter 3's (:mod:`depthlib.toy.certified`, :data:`~depthlib.toy.certified.GAIN_BELOW`): after
+**The certificate** is the book's (:mod:`depthlib.certificate`, :data:`~depthlib.certificate.GAIN_BELOW`): after
 the main stage, a **continuation** from the member's final weights — a fresh schedule of ``continuation × steps``
 steps on fresh samples, re-warmed to the base rate and decayed again — must lower the held-out excess (leaf) or
 cross-entropy (root) by less than ``gain_below`` (2 %) of it, or by less than ``resolution`` nats (a floor that
@@ -40,7 +40,7 @@ from depthlib.compose.model import ComposeModel, token_nll
 from depthlib.compose.roots import evaluate_root, root_nll
 from depthlib.compose.train import TRAIN_STREAM, TrainConfig, evaluate
 from depthlib.errors import InputError
-from depthlib.toy.certified import GAIN_BELOW
+from depthlib.certificate import GAIN_BELOW
 
 TASKS = ("leaf", "root")
 

@@ -40,7 +40,7 @@ classification (:mod:`depthlib.compose.roots`: cross-entropy, whose Bayes value 
 untied, looped and fully tied (:mod:`depthlib.compose.model`) at effective depths below and above L; **replicates**
 differ in initialisation and training samples (replicate r draws the training-stream indices r·span … (r + 1)·span − 1,
 its main stage first, then its continuations; every member of a replicate sees the same sequences). Every member is
-certified by chapter 3's continuation rule (:data:`depthlib.toy.certified.GAIN_BELOW`). A member is a unit of work
+certified by the book's continuation rule (:data:`depthlib.certificate.GAIN_BELOW`). A member is a unit of work
 whose tables are written to ``units/`` as soon as it is done (``jobs`` worker processes, one torch thread each), so an
 interrupted run resumes at the next member; the grammar's own tables are one more unit. When every unit is done:
 

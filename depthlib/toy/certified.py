@@ -13,10 +13,7 @@ certified*, with every gain. Each continuation is half the student's steps *so f
 steps after a 12,000-step route), so a loss that keeps falling as a power of the steps never passes by the student
 growing old: a fixed-length continuation would shrink relative to the student and pass any slow tail.
 
-Why 2 %: α_ℓ is the slope of log L against log ℓ over the paper's depths 6–48 (ln 8 = 2.08). A student whose loss
-could still fall by 2 % moves log L by at most ln 1.02 = 0.0198, so α_ℓ by at most 0.0198/2.08 ≈ 0.01 if it sits at
-an end of the range: a tenth of the replicate spread of α_ℓ and a hundredth of the tied − independent difference the
-calibration has to resolve.
+The threshold and the gain are the book's one certificate (:mod:`depthlib.certificate`, which says why 2 %).
 
 **Routes** (every depth, both teachers unless said):
 
@@ -55,6 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthlib.certificate import GAIN_BELOW, gain
 from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.measures import fit_power_law
@@ -64,8 +62,6 @@ from depthlib.toy.engine import BatchedStudents, StudentSpec, _rms
 from depthlib.toy.models import StudentWeights, TeacherWeights, ToyShape, TrainConfig, derive_seed, make_teacher, variant
 
 ROUTES = ("scratch", "euler", "distilled", "progressive")
-#: A continuation gaining less than this certifies the student (module docstring: why 2 %).
-GAIN_BELOW = 0.02
 #: A student's held-out loss should lie within this fraction of its training-pool loss.
 GAP_BELOW = 0.10
 #: Minibatch of the group regressions' Adam refinement.
@@ -339,7 +335,7 @@ def train_stage(cfg: CertifiedConfig, teacher: TeacherWeights, pool, test_target
            "stage": name, "route": name.split("+")[0], "start": start_from, "stage_steps": steps,
            "steps": parent_steps + steps, "depth_steps": depth_steps_before + steps, "batch": cfg.batch, "lr_scale": lr_scale, "base_lr": train.base_lr(depth),
            "initial_loss": initial, "test_loss": final, "pool_loss": pool_loss,
-           "gain": (initial - final) / initial}
+           "gain": gain(initial, final)}
     return Student(eng.export_student(0), row, df)
 
 
