@@ -223,7 +223,9 @@ def test_the_run_writes_every_table_and_its_config_lists_depths_and_seeds(tiny_r
     steps = run.table("alpha_by_step")
     assert list(steps["step"]) == TINY.train.eval_steps() and {"alpha", "lo", "hi", "epochs"} <= set(steps.columns)
     stages = run.table("stages")
-    assert set(stages.loc[stages["k"] > 0, "steps"]) == {6} and stages.loc[stages["k"] > 0, "gain"].notna().all()
+    conts = stages[stages["k"] > 0]        # half the member's steps so far: 6 after the main 12, then 9 after 18
+    assert (conts["steps"] == np.ceil(0.5 * conts["start_step"])).all() and conts["gain"].notna().all()
+    assert set(conts.loc[conts["k"] == 1, "steps"]) == {6} and set(conts.loc[conts["k"] == 2, "steps"]) <= {9}
     m = run.table("members")
     assert len(m) == 8 and (m["continuations"] == stages.groupby(["depth", "seed"])["k"].max().to_numpy()).all()
     assert set(run.table("sensitivity")["fit"]) == {"all depths", "without ℓ = 1", "without ℓ = 2", "without ℓ = 4",
@@ -343,7 +345,8 @@ def test_the_converged_part_is_registered_but_not_shown_by_default():
     assert compute_entry("lm-converged") == "depthlib.lm.converged:run_converged"
     mods = set(results.compute_modules(compute_entry("lm-converged")))
     assert {"depthlib.lm.converged", "depthlib.lm.continuation", "depthlib.lm.stopping", "depthlib.lm.budget",
-            "depthlib.lm.series", "depthlib.lm.train", "depthlib.toy.certified"} <= mods
+            "depthlib.lm.series", "depthlib.lm.train", "depthlib.certificate"} <= mods
+    assert not any(m.startswith("depthlib.toy") for m in mods)          # the certificate, not chapter 3's code
     series_mods = set(results.compute_modules(compute_entry("lm")))     # the committed series' code is untouched
     assert not series_mods & {"depthlib.lm.converged", "depthlib.lm.continuation", "depthlib.lm.stopping",
                               "depthlib.lm.budget"}

@@ -5,9 +5,9 @@ converged loss from above only. Chapter 3's certified protocol (:mod:`depthlib.t
 a certificate that no schedule can fake, and this module asks the same of each member (depth ℓ, seed) of a series:
 
 **Certificate.** A member is *certified* when a **continuation** from its final weights — a fresh schedule of
-``fraction`` (half) of its steps, re-warmed to its base learning rate and decayed again
+``fraction`` (half) of its steps so far, re-warmed to its base learning rate and decayed again
 (:func:`continuation_schedule`: the member's own warm-up and cosine, scaled to the shorter length; fresh AdamW
-moments) — lowers its held-out loss by less than :data:`depthlib.toy.certified.GAIN_BELOW` (2 %). Otherwise the
+moments) — lowers its held-out loss by less than :data:`depthlib.certificate.GAIN_BELOW` (2 %, the book's one certificate). Otherwise the
 continued member replaces it and is continued again, up to ``max_continuations`` times; a member still gaining then
 is reported *not certified*, with every gain (:func:`certify`). The gain of a continuation is
 (L_start − L_end)/L_start, its held-out loss before and after (:func:`gain`).
@@ -30,13 +30,15 @@ import torch
 
 from depthlib.lm.corpus import TokenData, batch_windows
 from depthlib.lm.train import TrainConfig, train_model
-from depthlib.toy.certified import GAIN_BELOW
+from depthlib.certificate import GAIN_BELOW, gain
 
 
-def continuation_schedule(train: TrainConfig, fraction: float) -> TrainConfig:
-    """The schedule of a continuation: ⌈fraction · steps⌉ steps, the member's warm-up scaled by the same fraction,
-    the same base rate, cosine decay to the same floor, evaluations every ``eval_every`` steps (at most its length)."""
-    steps = max(1, math.ceil(fraction * train.steps))
+def continuation_schedule(train: TrainConfig, fraction: float, trained: int | None = None) -> TrainConfig:
+    """The schedule of a continuation of a member that has taken ``trained`` optimiser steps (default: its main
+    training's): ⌈fraction · trained⌉ steps — half the member's steps *so far*, so a loss still falling as a power of
+    the steps cannot pass by the member growing old — the member's warm-up scaled to that length, the same base
+    rate, cosine decay to the same floor, evaluations every ``eval_every`` steps (at most its length)."""
+    steps = max(1, math.ceil(fraction * (train.steps if trained is None else trained)))
     warmup = min(steps, round(train.warmup * steps / train.steps))
     return dataclasses.replace(train, steps=steps, warmup=warmup, eval_every=min(train.eval_every, steps))
 
@@ -54,11 +56,6 @@ def continued_stream(data: TokenData, start_step: int, steps: int, batch_size: i
     idx = np.concatenate([batch_windows(s, batch_size, data.n_windows, seed)
                           for s in range(int(start_step), int(start_step) + int(steps))])   # (steps · batch,)
     return dataclasses.replace(data, train=data.train[torch.from_numpy(idx)])
-
-
-def gain(initial: float, final: float) -> float:
-    """A continuation's relative gain (L_start − L_end)/L_start (negative when the held-out loss rose)."""
-    return (float(initial) - float(final)) / float(initial)
 
 
 @dataclass
@@ -111,7 +108,7 @@ def continue_member(model, data: TokenData, train: TrainConfig, best: Stage, k: 
     weights and trained on :func:`continuation_schedule` from stream step ``best.end_step`` on
     (:func:`continued_stream`, order :func:`continuation_seed`). Resumable from ``checkpoint`` (saved at every
     evaluation), bit for bit."""
-    schedule = continuation_schedule(train, fraction)
+    schedule = continuation_schedule(train, fraction, best.end_step)
     model.load_state_dict(best.state)
     stream = continued_stream(data, best.end_step, schedule.steps, train.batch_size, seed)
     rec = train_model(model, stream, schedule, seed=continuation_seed(seed, k), checkpoint=checkpoint,

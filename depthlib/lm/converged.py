@@ -89,7 +89,7 @@ class ConvergedConfig:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=3300, batch_size=32, lr=3e-3, warmup=165,
                                                                    eval_every=165))
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    continuation: float = 0.5                    # a continuation's steps, as a fraction of the main training's
+    continuation: float = 0.5                    # a continuation's steps, as a fraction of the member's so far
     max_continuations: int = 2
     gain_below: float = GAIN_BELOW               # chapter 3's certificate: a continuation gains < 2 %
     window: float = stopping.WINDOW              # α_ℓ must stay within its interval over this last share of training
