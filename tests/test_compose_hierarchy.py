@@ -159,11 +159,13 @@ def test_the_certificate_continues_until_a_continuation_gains_less_than_two_perc
     monkeypatch.setattr(certify, "train_stage", fake_stage)
     train = TrainConfig(steps=100, batch_size=4, evals=10)
     cert = certify.Certificate(continuation=0.5, max_continuations=3)
-    assert certify.GAIN_BELOW == 0.02                                       # chapter 3's, imported
+    assert certify.GAIN_BELOW == 0.02                                       # the book's certificate, imported
     rec = certify.certify_member("leaf", torch.nn.Linear(1, 1), None, train, cert, 1000, None)
     assert rec["certified"] and rec["gains"] == pytest.approx([0.1, 0.01]) and rec["best_stage"] == "c2"
-    assert calls == [(1000, 100), (1400, 50), (1600, 50)]                   # main, then fresh samples each time
-    assert rec["steps"] == 200 and list(rec["stages"]["stage"]) == ["main", "c1", "c2"]
+    # main, then fresh samples each time; a continuation is half the steps so far: 50 after 100, then 75 after 150
+    # (rounded to a multiple of the 10 evaluations: 80)
+    assert calls == [(1000, 100), (1400, 50), (1600, 80)]
+    assert rec["steps"] == 230 and list(rec["stages"]["stage"]) == ["main", "c1", "c2"]
     assert cert.span(train) == (100 + 3 * 50) * 4
     # a member still gaining after every continuation is reported, not certified
     script = iter([0.10, 0.09, 0.08, 0.07])

@@ -18,8 +18,8 @@ The loop is written out here, not shared with :func:`depthlib.compose.train.trai
 run's code stays as it was; it takes a task and a device.
 
 **The certificate** is the book's (:mod:`depthlib.certificate`, :data:`~depthlib.certificate.GAIN_BELOW`): after
-the main stage, a **continuation** from the member's final weights — a fresh schedule of ``continuation × steps``
-steps on fresh samples, re-warmed to the base rate and decayed again — must lower the held-out excess (leaf) or
+the main stage, a **continuation** from the member's final weights — a fresh schedule of ``continuation`` × its
+steps so far, on fresh samples, re-warmed to the base rate and decayed again — must lower the held-out excess (leaf) or
 cross-entropy (root) by less than ``gain_below`` (2 %) of it, or by less than ``resolution`` nats (a floor that
 matters only for losses below resolution / gain_below). Otherwise the better of the two is continued again, up to
 ``max_continuations`` times; a member still gaining then is reported *not certified*, with every gain.
@@ -64,15 +64,21 @@ class Certificate:
             raise InputError("gain_below must be in (0, 1) and resolution in [0, 1)")
         return self
 
-    def continuation_config(self, train: TrainConfig) -> TrainConfig:
-        """The schedule of a continuation: ``continuation × steps`` steps (a multiple of the evaluations), the same
-        base rate and shape."""
-        steps = int(round(self.continuation * train.steps / train.evals)) * train.evals
+    def continuation_config(self, train: TrainConfig, trained: int | None = None) -> TrainConfig:
+        """The schedule of a continuation of a member trained ``trained`` steps (default: the main stage's):
+        ``continuation × trained`` steps (a multiple of the evaluations) — half its steps *so far*, so a slow tail
+        cannot pass by the member growing old — the same base rate and shape."""
+        so_far = train.steps if trained is None else int(trained)
+        steps = int(round(self.continuation * so_far / train.evals)) * train.evals
         return dataclasses.replace(train, steps=max(train.evals, steps))
 
     def span(self, train: TrainConfig) -> int:
-        """Training sequences one replicate may draw: the main stage and every continuation."""
-        return (train.steps + self.max_continuations * self.continuation_config(train).steps) * train.batch_size
+        """Training sequences one replicate may draw: the main stage and every continuation, each as long as it
+        can be (every earlier continuation having lowered the loss)."""
+        total = train.steps
+        for _ in range(self.max_continuations):
+            total += self.continuation_config(train, total).steps
+        return total * train.batch_size
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,6 @@ def certify_member(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Tr
     excess, gain), ``curves`` (every stage's, with a ``stage`` column), ``final`` (the best stage's measurement),
     ``certified``, ``gains`` and ``steps`` (optimiser steps the best model received)."""
     cert.validate()
-    cont = cert.continuation_config(cfg)
     stages, curves = [], []
     start = base
 
@@ -193,7 +198,8 @@ def certify_member(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Tr
     best = run("main", model, cfg, 0)
     gains, certified = [], False
     for k in range(1, cert.max_continuations + 1):
-        trial = run(f"c{k}", copy.deepcopy(best["model"]), cont, best["row"]["steps"])
+        trial = run(f"c{k}", copy.deepcopy(best["model"]), cert.continuation_config(cfg, best["row"]["steps"]),
+                    best["row"]["steps"])
         initial = trial["row"]["initial_excess"]
         drop = initial - trial["row"]["excess"]
         gains.append(trial["row"]["gain"])
