@@ -171,8 +171,25 @@ def test_smoke_run_merges_reports_and_draws(roots):
     lines = chapter.certified_findings(run)
     assert any(line.startswith("tied teacher, T = 1: α_ℓ = ") for line in lines)
     assert any(line.startswith("Tied minus independent") for line in lines)
+    assert any("rounds of continuations" in line for line in lines)
     routes = stages[~stages["stage"].str.contains("+", regex=False)]
     for fig in (figs.converged_losses(cert, routes), figs.continuation_gains(stages, C.GAIN_BELOW),
                 figs.alpha_by_fit(run.table("alpha_summary"), run.table("fragility"))):
         assert plots.figure_problems(fig) == []
     assert chapter.replay(run)[["committed", "replayed"]].notna().all().all()
+
+
+def test_alpha_by_round_follows_the_best_loss_of_each_chain():
+    """Round k takes each depth's lowest loss over its routes and continuations up to k: with losses that fall as
+    ℓ^−1 on the routes and as ℓ^−2 after one continuation at every depth (known answers), α_ℓ is 1 then 2, and a
+    chain that stopped keeps its last best loss."""
+    rows = []
+    for d in (2, 4, 8):
+        rows += [dict(teacher="tied", temperature=1.0, replicate=0, depth=d, stage="scratch", test_loss=1.0 / d),
+                 dict(teacher="tied", temperature=1.0, replicate=0, depth=d, stage="scratch+c1",
+                      test_loss=1.0 / d ** 2)]
+    rows.append(dict(teacher="tied", temperature=1.0, replicate=0, depth=8, stage="scratch+c2", test_loss=1.0 / 8 ** 3))
+    out = C.alpha_by_round(pd.DataFrame(rows), 2).set_index("round")["alpha"]
+    np.testing.assert_allclose(out[0], 1.0, rtol=1e-12)
+    np.testing.assert_allclose(out[1], 2.0, rtol=1e-12)
+    assert out[2] > 2.0                        # only ℓ = 8 moved on: depths 2 and 4 keep their round-1 losses

@@ -528,3 +528,25 @@ def power_law_check(certified: pd.DataFrame) -> pd.DataFrame:
         rows.append({"teacher": key[0], "temperature": key[1], "replicate": key[2], "alpha": fit["alpha"],
                      "max_abs_log_residual": float(np.abs(resid).max())})
     return pd.DataFrame(rows)
+
+
+def alpha_by_round(stages: pd.DataFrame, max_continuations: int) -> pd.DataFrame:
+    """α_ℓ along the certificate's continuations: at round k, each depth's loss is its best route's after k
+    continuations (a chain that stopped earlier — certified, or continued from a better stage — keeps the best loss
+    it reached), fitted over depth per replicate and summarised over replicates (mean, 95 % t interval). Round 0 is
+    the routes alone. Whether α_ℓ still moves while the losses do is what a reader needs when students are not
+    certified: the exponent can settle before the losses do, or not."""
+    by = ["teacher", "temperature", "replicate"]
+    rows = []
+    for key, g in stages.groupby(by + ["depth"]):
+        routes = g[~g["stage"].str.contains("+", regex=False)]
+        best = float(routes["test_loss"].min())
+        conts = g[g["stage"].str.contains("+", regex=False)].copy()
+        conts["round"] = conts["stage"].str.split("+c", regex=False).str[1].astype(int)
+        for k in range(max_continuations + 1):
+            done = conts[conts["round"] <= k]
+            loss = min([best, *done["test_loss"].astype(float)])
+            rows.append({**dict(zip(by + ["depth"], key)), "round": k, "test_loss": loss})
+    per = analysis.alpha_per_replicate(pd.DataFrame(rows), by=by + ["round"])
+    return analysis.summarize_alpha(per, by=("teacher", "temperature", "round")).rename(
+        columns={"n_replicates": "replicates"})

@@ -540,7 +540,7 @@ def _units_wall_time(unit_runs: list[results.Run], started: float | None) -> flo
     return max(time.time() - started, 0.0) + earlier
 
 
-def _merged_tables(protocol: str, unit_runs: list[results.Run]) -> dict[str, pd.DataFrame]:
+def _merged_tables(protocol: str, cfg, unit_runs: list[results.Run]) -> dict[str, pd.DataFrame]:
     """A protocol's merged tables from its units'.
 
     converged: every student (``converged``: one row per student and route), their curves, the best route per
@@ -551,7 +551,8 @@ def _merged_tables(protocol: str, unit_runs: list[results.Run]) -> dict[str, pd.
     replicate and depth, with the held-out / pool gap), α_ℓ per replicate for the envelope, every route and the
     untrained warm starts (``alpha``) and across replicates (``alpha_summary``), the drop-one-depth refits
     (``fragility``), local slopes with intervals (``slopes``), the paired difference on all depths and without each
-    (``separation``) and each replicate's power-law residuals (``power_law``)."""
+    (``separation``), each replicate's power-law residuals (``power_law``) and α_ℓ after each round of
+    continuations (``alpha_rounds``)."""
     def stacked(name):
         return pd.concat([r.table(name) for r in unit_runs], ignore_index=True)
     if protocol == "converged":
@@ -566,7 +567,8 @@ def _merged_tables(protocol: str, unit_runs: list[results.Run]) -> dict[str, pd.
     return {"stages": stages, "curves": stacked("curves"), "certified": cert, "alpha": per,
             "alpha_summary": certified.alpha_summary(per), "fragility": certified.fragility(cert),
             "slopes": certified.local_slopes(cert), "separation": certified.separation(cert),
-            "power_law": certified.power_law_check(cert)}
+            "power_law": certified.power_law_check(cert),
+            "alpha_rounds": certified.alpha_by_round(stages, cfg.max_continuations)}
 
 
 def merge_protocol(protocol: str, cfg, unit_runs: list[results.Run], started: float | None = None) -> results.Run:
@@ -587,7 +589,7 @@ def merge_protocol(protocol: str, cfg, unit_runs: list[results.Run], started: fl
         if job.complete:
             return job.run
         run = job.run
-        for name, table in _merged_tables(protocol, unit_runs).items():
+        for name, table in _merged_tables(protocol, cfg, unit_runs).items():
             run.write_table(name, table)
         units = {r.path.name: {"cell": r.manifest.get("cell"), "wall_time_s": r.manifest.get("wall_time_s"),
                                "torch_threads": r.manifest.get("torch_threads")} for r in unit_runs}
@@ -729,7 +731,8 @@ def certified_findings(run: results.Run) -> list[str]:
     """The chapter's sentences about the certified protocol, generated from its tables (no number typed by hand): per
     teacher and temperature the envelope's α_ℓ with its interval, its drop-one-depth range and local slopes, how many
     students are certified (and the gains of those that are not), the held-out / pool gap, the untrained warm
-    starts' exponents; the tied − independent difference under every refit; the exact held-out check."""
+    starts' exponents, α_ℓ after each round of continuations; the tied − independent difference under every refit;
+    the exact held-out check."""
     cfg = from_dict(certified.CertifiedConfig, run.config)
     summary, frag, slopes = run.table("alpha_summary"), run.table("fragility"), run.table("slopes")
     cert, sep, per = run.table("certified"), run.table("separation"), run.table("alpha")
@@ -756,6 +759,11 @@ def certified_findings(run: results.Run) -> list[str]:
                + ")")
             + f"; {int(c['within_gap'].sum())} of {len(c)} within {certified.GAP_BELOW:.0%} of their pool loss "
             f"(held-out ÷ pool − 1 from {c['gap'].min():+.1%} to {c['gap'].max():+.1%}).")
+    rounds = run.table("alpha_rounds")
+    for (teacher, temp), g in rounds.groupby(["teacher", "temperature"], sort=False):
+        lines.append(f"{teacher} teacher, T = {temp:g}: α_ℓ after 0, 1, … rounds of continuations: "
+                     + ", ".join(f"{r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}]" for r in g.sort_values("round").itertuples())
+                     + " (each depth's best loss so far).")
     untrained = summary[summary["fit"].str.startswith("untrained")]
     for r in untrained.itertuples():
         env = summary[(summary["fit"] == "envelope") & (summary["teacher"] == r.teacher)
