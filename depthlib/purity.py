@@ -3,8 +3,8 @@
 The rule: a committed run whose code fingerprint no longer matches the current code is recomputed, **unless** a
 replay that exercises every code path of the run gives bit-identical numbers before and after the change on the
 same machine. The replay is the run's chapter's ``smoke`` profile computed from scratch (``runs("smoke",
-rerun=True)``: every part, route and phase of the chapter at reduced size, after the smoke runs of the chapters it
-``needs``), once with the code of the commit
+rerun=True, parts=PARTS)``: every part — also one not shown yet — route and phase of the chapter at reduced size,
+after the smoke runs of the chapters it ``needs``), once with the code of the commit
 before the change (checked out in a temporary git worktree) and once with the current checkout, each in its own
 process and its own empty results cache. Every table of every part must be equal, value for value and type for type
 (columns that measure the machine, not the model — wall times, throughputs, folders — are left out:
@@ -36,7 +36,7 @@ VOLATILE = re.compile(r"(seconds|_s$|per_s|wall|elapsed|throughput|fraction_of_m
 
 #: The script each side runs: compute the chapter's smoke runs from scratch, copy every part's tables to ``out``.
 _SIDE = r"""
-import json, shutil, sys
+import inspect, json, shutil, sys
 from pathlib import Path
 from depthlib.chapters import by_name
 chapter, out = by_name(sys.argv[1]), Path(sys.argv[2])
@@ -51,7 +51,10 @@ def flat(parts, prefix=""):
             yield f"{prefix}{name}", value
 
 index = {}
-for part, run in flat(chapter.module.runs("smoke", rerun=True)):
+# every part the chapter has (PARTS), also those it does not show yet (SHOWN_PARTS): each is a committed run's code path
+parts = getattr(chapter.module, "PARTS", None)
+every = {"parts": parts} if parts and "parts" in inspect.signature(chapter.module.runs).parameters else {}
+for part, run in flat(chapter.module.runs("smoke", rerun=True, **every)):
     folder = out / part.replace("/", "__")
     folder.mkdir(parents=True)
     for table in run.manifest.get("tables", {}):
