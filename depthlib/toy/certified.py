@@ -333,7 +333,8 @@ def train_stage(cfg: CertifiedConfig, teacher: TeacherWeights, pool, test_target
     pool_loss = eng.pool_loss(min(cfg.eval_batches * cfg.eval_batch_size // cfg.batch, cfg.pool_batches) or 1)
     row = {"teacher": kind, "rho": cell["rho"], "temperature": cell["temperature"], "replicate": r, "depth": depth,
            "stage": name, "route": name.split("+")[0], "start": start_from, "stage_steps": steps,
-           "steps": parent_steps + steps, "depth_steps": depth_steps_before + steps, "batch": cfg.batch, "lr_scale": lr_scale, "base_lr": train.base_lr(depth),
+           "steps": parent_steps + steps, "depth_steps": depth_steps_before + steps, "batch": cfg.batch,
+           "lr_scale": lr_scale, "base_lr": train.base_lr(depth),
            "initial_loss": initial, "test_loss": final, "pool_loss": pool_loss,
            "gain": gain(initial, final)}
     return Student(eng.export_student(0), row, df)
