@@ -84,7 +84,7 @@ from depthlib.compose.diagnostics import diagnose
 from depthlib.compose.model import FAMILIES, MIN_DEPTH, ModelConfig, build_model, parameter_counts
 from depthlib.compose.roots import root_bayes_table, root_edits
 from depthlib.compose.train import HELD_OUT_STREAM, PROBE_STREAM, TRAIN_STREAM, TrainConfig
-from depthlib.contract import from_dict, to_dict
+from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.validate import distinct, int_in_range
 
@@ -97,7 +97,7 @@ MEMBER_TABLES = ("stages", "curves", "layers", "lags", "clusters", "edits", "mem
 
 
 @dataclass(frozen=True)
-class HierarchyConfig:
+class HierarchyConfig(Profile):
     """A run: the grammar, the tasks, families, depths and replicates, the model, the main schedule, the certificate,
     the probe set and the fits' bootstrap."""
 
@@ -114,13 +114,6 @@ class HierarchyConfig:
     n_probe: int = 512
     n_permutations: int = 4
     n_bootstrap: int = 1000
-
-    def to_dict(self) -> dict:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "HierarchyConfig":
-        return from_dict(cls, d)
 
     def validate(self) -> "HierarchyConfig":
         self.grammar.validate()

@@ -221,35 +221,16 @@ def replay(run: results.Run, n_units: int = 1) -> pd.DataFrame:
     (columns ``committed``, ``replayed``). A converged series (:mod:`depthlib.lm.converged`) replays the main
     training of its shallowest member of the first seed."""
     if run.experiment == CONVERGED_EXPERIMENT:
-        return replay_converged(run, n_units)
-    cfg = from_dict(SeriesConfig, run.config)
+        cfg = from_dict(ConvergedConfig, run.config)
+        short = prepared = cfg.series()
+        committed = run.table("doc_losses")
+        committed = committed[committed["stage"] == "main"]
+    else:
+        cfg = prepared = from_dict(SeriesConfig, run.config)
+        short, committed = from_dict(SeriesConfig, {**run.config, "angle_depths": []}), run.table("doc_losses")
     first = min(cfg.train.eval_every, cfg.train.steps)
-    tok, data, _, pieces = prepare_data(cfg)
-    committed = run.table("doc_losses")
-    rows = []
-    for depth in sorted(cfg.depths)[:n_units]:
-        seed = int(cfg.seeds[0])
-        short = from_dict(SeriesConfig, {**run.config, "angle_depths": []})
-        rec = _first_eval(short, depth, seed, tok, data, pieces, first)
-        mine = committed[(committed["depth"] == depth) & (committed["seed"] == seed) & (committed["step"] == first)]
-        merged = rec.merge(mine[["doc_id", "loss"]], on="doc_id", suffixes=("_replayed", "_committed"))
-        rows.append(pd.DataFrame({"depth": depth, "seed": seed, "step": first, "doc_id": merged["doc_id"],
-                                  "committed": merged["loss_committed"], "replayed": merged["loss_replayed"]}))
-    out = pd.concat(rows, ignore_index=True)
-    if out.empty:
-        raise InputError(f"run {run.experiment}/{run.key} has no held-out losses at step {first} to replay")
-    return out
-
-
-def replay_converged(run: results.Run, n_units: int = 1) -> pd.DataFrame:
-    """The ``n_units`` shallowest members of the first seed of a converged series, their main training retrained up
-    to its first evaluation with the current code: committed and replayed held-out losses per document."""
-    cfg = from_dict(ConvergedConfig, run.config)
-    first = min(cfg.train.eval_every, cfg.train.steps)
-    short = cfg.series()
-    tok, data, _, pieces = prepare_data(short)
-    committed = run.table("doc_losses")
-    committed = committed[(committed["stage"] == "main") & (committed["step"] == first)]
+    tok, data, _, pieces = prepare_data(prepared)
+    committed = committed[committed["step"] == first]
     rows = []
     for depth in sorted(cfg.depths)[:n_units]:
         seed = int(cfg.seeds[0])

@@ -59,7 +59,7 @@ import pandas as pd
 import torch
 
 from depthlib import paths, results
-from depthlib.contract import from_dict, to_dict
+from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.lm import budget, fit, series, stopping
 from depthlib.lm.continuation import GAIN_BELOW, Stage, certify, continue_member, stage_from_record
@@ -77,7 +77,7 @@ MEMBER_TABLES = ("curve", "docs", "stages", "probe_layers", "probe_docs", "probe
 
 
 @dataclass(frozen=True)
-class ConvergedConfig:
+class ConvergedConfig(Profile):
     """A depth series trained to its exponent's convergence: chapter 6's family and data, the depths and seeds, the
     main training, the continuation rule, the stopping window and the intervals."""
 
@@ -97,13 +97,6 @@ class ConvergedConfig:
     n_bootstrap: int = 1000                      # resamples for the certified fit and α_θ
     step_bootstrap: int = 200                    # resamples for α_ℓ at each step and for the sensitivity refits
     bootstrap_seed: int = 0
-
-    def to_dict(self) -> dict:
-        return to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ConvergedConfig":
-        return from_dict(cls, d)
 
     def series(self) -> SeriesConfig:
         """The :class:`depthlib.lm.series.SeriesConfig` of the same family, data and probes (no probes during
