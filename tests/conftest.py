@@ -20,6 +20,13 @@ def chinchilla_df():
 
 
 @pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """The local results cache of one test (``DEPTHLIB_CACHE_DIR``), empty: its path."""
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
 def one_torch_thread():
     """torch on one thread for the test (tiny models: more threads only add overhead), restored afterwards."""
     import torch

@@ -11,13 +11,6 @@ from depthlib.compose import rhm
 from depthlib.compose import train as T
 from depthlib.errors import InputError
 
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small ops: one thread is fastest
 
 

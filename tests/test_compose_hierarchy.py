@@ -22,12 +22,6 @@ SMALL = [rhm.RHMConfig(3, 2, 2, 2, seed=1), rhm.RHMConfig(2, 2, 2, 3, seed=4), r
          rhm.RHMConfig(4, 3, 2, 1, seed=3)]
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def _conditionals(x: np.ndarray) -> np.ndarray:
     """−log P(x_t | x_<t) of every leaf of an equiprobable list of sequences, by counting prefixes."""
     T = x.shape[1]

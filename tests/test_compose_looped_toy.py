@@ -20,12 +20,6 @@ PROTOCOL = converged.ConvergedConfig("smoke", cells=((1.0, 1.0, 1), (0.0, 1.0, 1
 pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small ops: one thread is fastest
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def _cfg(**protocol) -> lt.LoopedToyConfig:
     return lt.LoopedToyConfig("smoke", dataclasses.replace(PROTOCOL, **protocol)).validate()
 

@@ -19,12 +19,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")   # small ops: one thre
 V, T = 40, 8
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def _data(n_train: int = 64, seed: int = 0) -> TokenData:
     """Synthetic windows: a training stream with structure (token t+1 = token t + 1 mod V) and three held-out
     documents, the last with a short, padded window."""

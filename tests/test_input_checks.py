@@ -30,12 +30,6 @@ def _complete_runs(cache: Path) -> list[Path]:
     return [m.parent for m in cache.rglob("manifest.json") if json.loads(m.read_text()).get("status") == "complete"]
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     return tiny.save_model(tmp_path_factory.mktemp("tiny") / "llama")

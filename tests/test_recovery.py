@@ -18,12 +18,6 @@ from depthlib.lm import series
 from tests.test_lm import TINY
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def _stamp(folder) -> dict[str, int]:
     """name -> mtime (ns) of every file under ``folder``: a file rewritten gets a new one."""
     return {p.relative_to(folder).as_posix(): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}

@@ -36,12 +36,6 @@ def _one_line(err: str) -> str:
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
 def corpus(tmp_path) -> Path:
     path = tmp_path / "corpus.txt"
     path.write_text("\n\n".join(tiny.TEXTS))
