@@ -259,22 +259,28 @@ def _first_eval(cfg: SeriesConfig, depth: int, seed: int, tok, data, pieces, ste
     return docs[docs["step"] == step][["doc_id", "loss"]]
 
 
-def describe_converged(run: results.Run) -> dict:
-    """Provenance and settings of a converged series, for the chapter's text."""
+def _settings(run: results.Run) -> dict:
+    """What every chapter-6 run's text states: provenance, depths and seeds, the model, the training, the tokens a
+    member sees, the corpus' tokens and held-out documents."""
     m = run.manifest
     c = m.get("config", {})
     model, tr = c.get("model", {}), c.get("train", {})
     return {**results.run_info(run), "depths": c.get("depths"), "seeds": c.get("seeds"), "arch": model.get("arch"),
             "d_model": model.get("d_model"), "n_heads": model.get("n_heads"), "context": model.get("context"),
             "vocab_size": m.get("vocab_size"), "steps": tr.get("steps"), "batch_size": tr.get("batch_size"),
-            "lr": tr.get("lr"), "eval_every": tr.get("eval_every"),
-            "tokens_per_member": tr.get("steps", 0) * tr.get("batch_size", 0) * model.get("context", 0),
+            "lr": tr.get("lr"), "tokens": tr.get("steps", 0) * tr.get("batch_size", 0) * model.get("context", 0),
+            "train_tokens": m.get("train_tokens"), "held_out_documents": len(m.get("held_out_documents", [])),
+            "n_probe_pieces": m.get("n_probe_pieces"), "throughput": m.get("throughput", {})}
+
+
+def describe_converged(run: results.Run) -> dict:
+    """Provenance and settings of a converged series, for the chapter's text."""
+    m, c = run.manifest, run.manifest.get("config", {})
+    settings = _settings(run)
+    return {**settings, "eval_every": c.get("train", {}).get("eval_every"), "tokens_per_member": settings["tokens"],
             "continuation": c.get("continuation"), "max_continuations": c.get("max_continuations"),
             "gain_below": c.get("gain_below"), "window": c.get("window"), "corpus": c.get("corpus", {}).get("name"),
-            "train_tokens": m.get("train_tokens"), "tokenizer": m.get("tokenizer"),
-            "held_out_documents": len(m.get("held_out_documents", [])), "n_probe_pieces": m.get("n_probe_pieces"),
-            "executor": m.get("executor"), "torch_threads": m.get("torch_threads"),
-            "throughput": m.get("throughput", {})}
+            "tokenizer": m.get("tokenizer"), "executor": m.get("executor"), "torch_threads": m.get("torch_threads")}
 
 
 def summary_converged(run: results.Run) -> dict:
@@ -293,15 +299,8 @@ def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == CONVERGED_EXPERIMENT:
         return describe_converged(run)
-    m = run.manifest
-    c = m.get("config", {})
-    model, tr = c.get("model", {}), c.get("train", {})
-    return {**results.run_info(run), "depths": c.get("depths"), "seeds": c.get("seeds"), "arch": model.get("arch"),
-            "d_model": model.get("d_model"), "n_heads": model.get("n_heads"), "context": model.get("context"),
-            "vocab_size": m.get("vocab_size"), "steps": tr.get("steps"), "batch_size": tr.get("batch_size"),
-            "lr": tr.get("lr"), "tokens_per_model": tr.get("steps", 0) * tr.get("batch_size", 0) * model.get("context", 0),
-            "train_tokens": m.get("train_tokens"), "held_out_documents": len(m.get("held_out_documents", [])),
-            "n_probe_pieces": m.get("n_probe_pieces"), "throughput": m.get("throughput", {})}
+    settings = _settings(run)
+    return {**settings, "tokens_per_model": settings["tokens"]}
 
 
 def chinchilla_alpha() -> dict | None:
