@@ -1,4 +1,4 @@
-"""The converged depth series' budget (issue 34): a timed slice of its members, and the wall time it projects.
+"""The converged depth series' budget: a timed slice of its members, and the wall time it projects.
 
 Two one-thread worker processes (the run's layout: one per core) each time a slice of one member of the profile's
 converged series (:mod:`depthlib.lm.converged`) side by side, on the real data (the series' tokenizer, windows and

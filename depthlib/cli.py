@@ -512,7 +512,7 @@ def _add_lm(sub) -> None:
                         "some 260 hours on a 2-core CPU)")
     p.add_argument("--part", choices=("series", "converged"), default="series",
                    help="series: the depth series (default); converged: the series trained until its exponent stops "
-                        "moving, every member certified by a continuation (issue 34; depths 1-16, 2 seeds, resumable "
+                        "moving, every member certified by a continuation (depths 1-16, 2 seeds, resumable "
                         "member by member; default executor: one joblib worker per core on one thread each)")
     _add_force(p)
     _add_executor(p)

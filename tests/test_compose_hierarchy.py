@@ -1,4 +1,4 @@
-"""Chapter 7's hierarchy control (issue 33): the exact held-out check, the n-gram baselines, the Bayes losses of both
+"""Chapter 7's hierarchy control: the exact held-out check, the n-gram baselines, the Bayes losses of both
 tasks by enumeration, the certificate, the fits on known answers, resume bit for bit, one-line errors."""
 from __future__ import annotations
 

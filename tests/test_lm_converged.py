@@ -1,4 +1,4 @@
-"""Chapter 6's converged series (issue 34): the stopping rule, the continuation certificate, resume, the budget.
+"""Chapter 6's converged series: the stopping rule, the continuation certificate, resume, the budget.
 
 depthlib.lm.stopping (α_ℓ(t) and when it has stopped moving), depthlib.lm.continuation (chapter 3's certificate on an
 LM member), depthlib.lm.budget (parameters, tokens per parameter, the wall-time projection) and depthlib.lm.converged

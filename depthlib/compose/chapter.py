@@ -2,7 +2,7 @@
 
 The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (three parts shown: ``rhm``,
 the hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy;
-``text``, the three families on chapter 6's text; and ``hierarchy``, issue 33's control on an unseen, deeper grammar
+``text``, the three families on chapter 6's text; and ``hierarchy``, the positive control on an unseen, deeper grammar
 with both of its tasks, certified, :mod:`depthlib.compose.hierarchy`, computed on request until its cpu run is
 committed),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
@@ -54,7 +54,7 @@ __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "PARTS", "PROFILES",
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
     """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``),
-    the looped students in chapter 3's toy (``toy``), the three families on chapter 6's text (``text``) and issue 33's
+    the looped students in chapter 3's toy (``toy``), the three families on chapter 6's text (``text``) and the hierarchy
     control on an unseen grammar, both tasks, certified (``hierarchy``)."""
 
     name: str
@@ -79,7 +79,7 @@ class ComposeProfile(Profile):
 #: (1000 steps × 32 windows of 64), width 64 as chapter 6; effective depths 1–8 (looped from 3), one seed, so the
 #: intervals are bootstraps over the 31 held-out documents (measured 0.085 s per step for the unembedding plus
 #: 0.021 s per block application on one core: about 56 core-minutes for the 19 members, two workers).
-#: The hierarchy part (:mod:`depthlib.compose.hierarchy`, issue 33; why this grammar: that module's measurement): cpu:
+#: The hierarchy part (:mod:`depthlib.compose.hierarchy`; why this grammar: that module's measurement): cpu:
 #: the grammar (4, 2, 2, 5) — 32 leaves, Ω = 8.6·10⁹ sequences — both tasks, three families at effective depths 1, 2,
 #: 3, 4, 6, 8 (looped from 3; below and above L = 5), three replicates, width 32, 1000 steps × 64 fresh sequences per
 #: main stage, continuations of 500 steps (at most 2), so at most 128 000 sequences per member (the n-gram tables get
@@ -293,7 +293,7 @@ def replay_hierarchy(run: results.Run) -> pd.DataFrame:
 
 
 def describe_hierarchy(run: results.Run) -> dict:
-    """Provenance and settings of a hierarchy run (issue 33's control), with its exact held-out check."""
+    """Provenance and settings of a hierarchy run (the positive control), with its exact held-out check."""
     c = HierarchyConfig.from_dict(run.config)
     g, m = c.grammar, run.manifest
     return {**results.run_info(run), "grammar": {"v": g.v, "m": g.m, "s": g.s, "L": g.L, "seed": g.seed},

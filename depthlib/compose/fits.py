@@ -3,7 +3,7 @@
 The paper's depth law L = L∞ + c·ℓ^(−α_ℓ) (Liu et al., arXiv 2602.05970, §3) is read here on a quantity whose floor
 is known, so that no floor is fitted: the next-leaf **excess** over the exact Bayes loss, the root cross-entropy (its
 Bayes value is 0) and the root error 1 − accuracy (:func:`quantities`). Its exponent is only a result if it does not
-rest on one depth, so every fit comes with the checks issue 33 asks for:
+rest on one depth, so every fit comes with these checks:
 
 * :func:`exponents` — α_ℓ of E = c·ℓ^(−α) (log–log least squares, :func:`depthlib.measures.fit_power_law`) per
   replicate, then the mean with a 95 % t interval over replicates (:func:`depthlib.compose.analysis.mean_interval`):

@@ -1,4 +1,4 @@
-"""One run of chapter 7's compositional positive control (issue 33): a grammar whose held-out sequences are unseen and
+"""One run of chapter 7's compositional positive control: a grammar whose held-out sequences are unseen and
 whose target local statistics cannot solve, both of its tasks, every family at depths below and above L, certified.
 
 The paper (Liu et al., arXiv 2602.05970, §5) leaves open whether a target with real hierarchy makes depth compose.

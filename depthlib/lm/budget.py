@@ -3,7 +3,7 @@
 Chinchilla's compute-optimal ratio (Hoffmann et al. 2022) is about 20 training tokens per parameter, parameters
 counted with the embeddings (as Chinchilla counts them; Kaplan et al. 2020 leave them out, and both counts are
 given here). A member trained on fewer tokens per parameter than that is far from its converged loss, which the
-paper's α_ℓ (§3, fitted to converged Chinchilla runs) assumes; issue 34 takes 20 at the deepest member (the largest,
+paper's α_ℓ (§3, fitted to converged Chinchilla runs) assumes; the converged series takes 20 at the deepest member (the largest,
 so the one with the fewest tokens per parameter) as a floor to check.
 
 * :func:`member_budget` — per depth: parameters (counted on the built model, :func:`depthlib.lm.model.parameter_counts`),
@@ -23,7 +23,7 @@ import pandas as pd
 from depthlib.errors import InputError
 from depthlib.lm.model import ModelConfig, build_model, flops_per_token, parameter_counts
 
-#: Chinchilla's compute-optimal training tokens per parameter (Hoffmann et al. 2022), the floor issue 34 checks.
+#: Chinchilla's compute-optimal training tokens per parameter (Hoffmann et al. 2022), the floor the converged series checks.
 CHINCHILLA_TOKENS_PER_PARAMETER = 20.0
 
 

@@ -22,7 +22,7 @@ from depthlib.lm.model import ModelConfig
 from depthlib.lm.series import EXPERIMENT, SeriesConfig, open_series_run, prepare_data, run_series, train_unit
 from depthlib.lm.train import TrainConfig
 
-#: The converged series (issue 34, :mod:`depthlib.lm.converged`): trained until α_ℓ stops moving, members certified.
+#: The converged series (:mod:`depthlib.lm.converged`): trained until α_ℓ stops moving, members certified.
 CONVERGED_EXPERIMENT = converged.EXPERIMENT
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: the lm package and the probes it runs).
@@ -55,7 +55,7 @@ class LMProfile(Profile):
 #: regime where each extra block only slows training (held-out loss rose monotonically with ℓ), so the width was halved
 #: to afford 2.5× the steps. paper: a GPU; width 256, depths to 32, three seeds, 2000 steps × 4096 tokens ≈ 3.5 epochs.
 #:
-#: The converged series (``LMProfile.converged``, :mod:`depthlib.lm.converged`, issue 34). smoke: seconds (eight tiny
+#: The converged series (``LMProfile.converged``, :mod:`depthlib.lm.converged`). smoke: seconds (eight tiny
 #: members, numbers meaningless). cpu: depths 1, 2, 3, 4, 6, 8, 12, 16 × seeds 0, 1 (16 members) at width 32 (two
 #: heads of 16), chapter 6's corpus, tokenizer (vocabulary 2048), windows of 64 and data order; 3300 steps × 2048 tokens
 #: = 6.76 M tokens per member, 20.2 tokens per parameter at ℓ = 16 (334,400 parameters; 47.0 at ℓ = 1), which is 2.29

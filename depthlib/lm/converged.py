@@ -1,4 +1,4 @@
-"""Chapter 6's depth series trained until its exponent stops moving (issue 34): α_ℓ measured on converged LMs.
+"""Chapter 6's depth series trained until its exponent stops moving: α_ℓ measured on converged LMs.
 
 The paper's α_ℓ (§3, eq. 3; ≈ 1.2 from Chinchilla's converged runs) and its middle-angle law ⟨θ⟩_mid ∝ ℓ^(−α_θ)
 (Result 1, Fig. 2d) are claims about trained-to-convergence models. Chapter 6's first series
@@ -82,7 +82,7 @@ class ConvergedConfig(Profile):
     main training, the continuation rule, the stopping window and the intervals."""
 
     profile: str
-    depths: tuple = (1, 2, 3, 4, 6, 8, 12, 16)   # issue 34: five depths with middle blocks (ℓ ≥ 4) for α_θ
+    depths: tuple = (1, 2, 3, 4, 6, 8, 12, 16)   # five depths with middle blocks (ℓ ≥ 4) for α_θ
     seeds: tuple = (0, 1)                        # initialisation and data order replicates (the same for every ℓ)
     vocab_size: int = 2048                       # chapter 6's BPE vocabulary (the same tokenizer)
     model: ModelConfig = field(default_factory=lambda: ModelConfig(d_model=32, n_heads=2))

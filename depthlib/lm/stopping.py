@@ -1,4 +1,4 @@
-"""When a depth series is done: its exponent α_ℓ has stopped moving and every member is certified (issue 34).
+"""When a depth series is done: its exponent α_ℓ has stopped moving and every member is certified.
 
 The paper's depth exponent (§3, eq. 3: L = … + c_ℓ/ℓ^α_ℓ, α_ℓ ≈ 1.2 for LLMs from Chinchilla's *converged* runs) is
 a statement about trained-to-convergence models. A series trained for a fixed budget shows α_ℓ(t), which drifts while
