@@ -174,8 +174,18 @@ def test_smoke_run_merges_reports_and_draws(roots):
     assert any("rounds of continuations" in line for line in lines)
     routes = stages[~stages["stage"].str.contains("+", regex=False)]
     for fig in (figs.converged_losses(cert, routes), figs.continuation_gains(stages, C.GAIN_BELOW),
-                figs.alpha_by_fit(run.table("alpha_summary"), run.table("fragility"))):
+                figs.alpha_by_fit(run.table("alpha_summary"), run.table("fragility")),
+                figs.alpha_by_round(run.table("alpha_rounds"))):
         assert plots.figure_problems(fig) == []
+    answer = chapter.certified_answer(run)
+    assert answer.startswith(f"**{int(cert['certified'].sum())} of {len(cert)} students are certified**")
+    for teacher, temp in (("tied", 1), ("independent", 1), ("tied", 0.01)):
+        c = cert[(cert["teacher"] == teacher) & (cert["temperature"] == temp)]
+        said = f"The {teacher} teacher at T = {temp:g} is " + ("certified" if c["certified"].all() else
+                                                                "**undecided by the certificate**")
+        assert said in answer
+    uncertified = not cert[cert["temperature"] == 1]["certified"].all()
+    assert ("not what the converged exponents are" in answer) == uncertified
     assert chapter.replay(run)[["committed", "replayed"]].notna().all().all()
 
 

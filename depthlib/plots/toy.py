@@ -414,3 +414,24 @@ def alpha_by_fit(summary: pd.DataFrame, fragility: pd.DataFrame):
     for x, label in ((1.0, "ensemble ≈ 1"), (3.0, "procedural ≈ 3")):
         fig.add_vline(x=x, line=dict(color="#999", dash="dot"), annotation_text=label)
     return fig
+
+
+def alpha_by_round(rounds: pd.DataFrame):
+    """The envelope's α_ℓ (each depth's best held-out loss so far) after 0, 1, 2, … rounds of continuations, with its
+    95 % interval over replicates, one line per teacher and temperature: a flat line means more training of every
+    student no longer moves the exponent, whether or not the losses are certified."""
+    cells = sorted({(t, T) for t, T in zip(rounds["teacher"], rounds["temperature"])},
+                   key=lambda k: (k[0] != "tied", -k[1]))
+    fig = plots.new_figure("Depth exponent after each round of continuations",
+                           "rounds of continuations (each: half the student's steps so far, re-warmed and decayed)",
+                           "α_ℓ of the envelope (dimensionless)")
+    for k, (teacher, T) in enumerate(cells):
+        g = rounds[(rounds["teacher"] == teacher) & (rounds["temperature"] == T)].sort_values("round")
+        fig.add_trace(go.Scatter(x=g["round"], y=g["alpha"], mode="lines+markers", name=f"{teacher}, T = {T:g}",
+                                 line=dict(color=plots.color(k)),
+                                 error_y=dict(type="data", symmetric=False, array=g["hi"] - g["alpha"],
+                                              arrayminus=g["alpha"] - g["lo"])))
+    for y, label in ((1.0, "ensemble ≈ 1"), (3.0, "procedural ≈ 3")):
+        fig.add_hline(y=y, line=dict(color="#999", dash="dot"), annotation_text=label)
+    fig.update_xaxes(dtick=1)
+    return fig

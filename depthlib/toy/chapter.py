@@ -771,7 +771,7 @@ def certified_findings(run: results.Run) -> list[str]:
         if len(env):
             lines.append(f"{r.teacher} teacher, T = {r.temperature:g}: the {r.fit.removeprefix('untrained ')} warm "
                          f"start, untrained, has α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] against "
-                         f"{env['alpha'].iloc[0]:.2f} trained and certified.")
+                         f"{env['alpha'].iloc[0]:.2f} trained (the envelope).")
     if len(sep):
         every = sep[sep["fit"] == "all depths"].iloc[0]
         drops = sep[sep["fit"] != "all depths"]
@@ -787,6 +787,50 @@ def certified_findings(run: results.Run) -> list[str]:
                  f"{cfg.continuation_steps(cfg.steps):,}); held-out inputs found in a training pool: "
                  f"{int(cert['heldout_in_pool'].max())} (checked row by row, exactly).")
     return lines
+
+
+def certified_answer(run: results.Run) -> str:
+    """The certified protocol's answer, one paragraph of Markdown generated from its tables. A cell (teacher,
+    temperature) is *decided* only when every student of its envelope is certified (its last continuation gained less
+    than ``gain_below``); otherwise it is undecided by the certificate, with the continuation gains that show why.
+    Beside the certificate it says how far each cell's α_ℓ moved in the last round of continuations against its
+    interval's half-width (the exponent's own stopping rule, reported as such, never as convergence), and whether the
+    paired tied − independent difference excludes 0 under every drop-one-depth refit."""
+    cfg = from_dict(certified.CertifiedConfig, run.config)
+    cert, rounds, sep = run.table("certified"), run.table("alpha_rounds"), run.table("separation")
+    summary = run.table("alpha_summary")
+    n_cert, n = int(cert["certified"].sum()), len(cert)
+    parts = [f"**{n_cert} of {n} students are certified** (a continuation of {cfg.continuation:.0%} of a student's "
+             f"steps, re-warmed and decayed, gained less than {cfg.gain_below:.0%} of its held-out loss; at most "
+             f"{cfg.max_continuations} continuations)."]
+    decided = {}
+    for (teacher, temp), c in cert.groupby(["teacher", "temperature"], sort=False):
+        env = summary[(summary["fit"] == "envelope") & (summary["teacher"] == teacher)
+                      & (summary["temperature"] == temp)].iloc[0]
+        g = rounds[(rounds["teacher"] == teacher) & (rounds["temperature"] == temp)].sort_values("round")
+        moved, half = abs(g["alpha"].iloc[-1] - g["alpha"].iloc[-2]), (g["hi"].iloc[-1] - g["lo"].iloc[-1]) / 2
+        steps = f"{int(c['steps'].min()):,}–{int(c['steps'].max()):,}"
+        decided[(teacher, temp)] = bool(c["certified"].all())
+        status = ("certified" if decided[(teacher, temp)] else
+                  f"**undecided by the certificate**: {int((~c['certified']).sum())} of {len(c)} students' last "
+                  f"continuations still gained {100 * c.loc[~c['certified'], 'last_continuation_gain'].min():.1f}–"
+                  f"{100 * c.loc[~c['certified'], 'last_continuation_gain'].max():.1f} %")
+        parts.append(f"The {teacher} teacher at T = {temp:g} is {status}. Its envelope's α_ℓ is {env['alpha']:.2f} "
+                     f"[{env['lo']:.2f}, {env['hi']:.2f}] after {steps} steps a student; over the last round of "
+                     f"continuations it moved by {moved:.2f}, "
+                     + ("less" if moved < half else "more") + f" than its interval's half-width ({half:.2f}).")
+    if len(sep):
+        every = sep[sep["fit"] == "all depths"].iloc[0]
+        apart = bool((sep["lo"] > 0).all())
+        both = all(decided.get((t, float(every["temperature"])), False) for t in ("tied", "independent"))
+        parts.append(f"The paired difference tied − independent at T = {every['temperature']:g} is "
+                     f"{every['diff']:+.2f} [{every['lo']:+.2f}, {every['hi']:+.2f}]; "
+                     + ("it excludes 0 under every drop-one-depth refit" if apart
+                        else "under at least one drop-one-depth refit its interval includes 0")
+                     + (", between certified losses." if both else
+                        ", between losses that are not certified: it says how the exponents of students trained this "
+                        "far compare, not what the converged exponents are."))
+    return " ".join(parts)
 
 
 def replay_converged(run: results.Run) -> pd.DataFrame:
