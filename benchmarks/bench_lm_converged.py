@@ -13,7 +13,10 @@ are upper bounds.
 
 Prints one JSON object and writes ``benchmarks/out/bench_lm_converged_<profile>.json``. No assertions: numbers only.
 
-    python benchmarks/bench_lm_converged.py [--profile cpu] [--steps 300] [--depths 16 1]
+    python benchmarks/bench_lm_converged.py [--quick] [--profile cpu] [--steps 300] [--depths 16 1]
+
+``--quick`` (what ``make bench`` passes to every benchmark): the smoke profile's tiny members for 20 steps, a check of
+the code path whose projection means nothing.
 """
 from __future__ import annotations
 
@@ -51,11 +54,14 @@ def time_member(profile: str, depth: int, steps: int) -> dict:
 
 def main() -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the smoke profile, 20 steps: a smoke test of the code path")
     p.add_argument("--profile", default="cpu")
     p.add_argument("--steps", type=int, default=300, help="steps of the deepest member (the shallowest takes more, "
                                                           "so that the two run side by side for as long)")
     p.add_argument("--depths", type=int, nargs=2, default=(16, 1), metavar=("DEEP", "SHALLOW"))
     args = p.parse_args()
+    if args.quick:
+        args.profile, args.steps, args.depths = "smoke", 20, (8, 1)
     from joblib import Parallel, delayed
 
     from depthlib.lm import budget, chapter

@@ -80,3 +80,15 @@ def test_constraints_pin_every_requirement_inside_its_range():
         name = canonicalize_name(req.name)
         assert name in pins, f"{req.name} has no pin in constraints.txt"
         assert req.specifier.contains(pins[name], prereleases=True), f"constraints.txt pins {req.name} outside {req}"
+
+
+@pytest.mark.parametrize("bench", sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py")))
+def test_every_benchmark_takes_the_flag_make_bench_passes(bench):
+    """``make bench`` runs each ``benchmarks/bench_*.py --quick``: a benchmark without the flag stopped the loop (it
+    exits 2 on an unknown argument). ``--help`` parses the flags without running the benchmark."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "benchmarks/bench_*.py; do" in makefile and "--quick" in makefile
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / bench), "--help"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "--quick" in out.stdout, f"{bench} does not take --quick"
