@@ -1,4 +1,5 @@
-"""THE rule for which run a chapter shows (design: Profiles): :func:`select_run`, and the runs it looks among.
+"""THE rule for which run a chapter shows (design: Profiles): :func:`select_run`, and the runs it looks among;
+:func:`shown_runs` looks up every run a chapter shows without computing any.
 
 Two roots: committed runs (``data/results`` of a checkout, :func:`depthlib.paths.committed_results_dir`) and
 local runs (``<cache>/results``). A run whose code fingerprint differs from the current code's is *stale*; a chapter
@@ -6,6 +7,7 @@ shows it with a visible warning and ``--rerun`` recomputes it.
 """
 from __future__ import annotations
 
+import contextvars
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -16,6 +18,10 @@ from depthlib.store import CorruptRunError, Run, normalise, say_damaged
 #: The profiles, best first (design: Profiles). ``custom`` marks a run with overridden settings (CLI flags).
 PROFILE_RANK = ("paper", "cpu", "smoke")
 CUSTOM = "custom"
+#: set while :func:`shown_runs` looks up a chapter's runs: :func:`chapter_run` then returns None for a missing run
+_LOOKING_UP = contextvars.ContextVar("depthlib_looking_up", default=False)
+
+
 def check_profile(profile: str) -> str:
     if profile not in PROFILE_RANK:
         raise InputError(f"unknown profile {profile!r}; use one of {', '.join(PROFILE_RANK[::-1])}")
@@ -43,7 +49,8 @@ def shown_run(experiment: str, profile: str, *, expected_config: Callable[[str],
     except CorruptRunError as err:
         if run.committed:
             raise
-        say_damaged(run.path, f"[depthlib] {err}; repairing it (what is whole is kept)")
+        say_damaged(run.path, f"[depthlib] {err}; " + ("left as it is (nothing is computed here)" if _LOOKING_UP.get()
+                                                       else "repairing it (what is whole is kept)"))
         return None
 
 
@@ -106,6 +113,21 @@ def chapter_run(experiment: str, profile: str, compute: Callable[[], Run], *,
                 expected_config: Callable[[str], dict | None] | None = None, rerun: bool = False,
                 include_custom: bool = False) -> Run:
     """The run a chapter shows for ``profile`` (:func:`select_run`), computed now with ``compute`` (cached,
-    resumable) if there is none. A corrupt local run is recomputed."""
+    resumable) if there is none (None instead inside :func:`shown_runs`). A corrupt local run is recomputed."""
     run = shown_run(experiment, profile, expected_config=expected_config, rerun=rerun, include_custom=include_custom)
-    return run if run is not None else compute()
+    return run if run is not None or _LOOKING_UP.get() else compute()
+
+
+
+def shown_runs(runs: Callable[..., dict[str, Run]], profile: str, **kwargs) -> dict[str, Run | None]:
+    """What a chapter's ``runs(profile, **kwargs)`` returns (the runs its notebook shows, by part), without computing
+    anything: each part is the run the one rule picks (:func:`shown_run`), or None where there is none. It is the
+    chapter's own ``runs``, called with :func:`chapter_run` finding but never computing, so a reader of the runs (the
+    verdict) reads exactly what the notebook shows. Only a part found through :func:`chapter_run` is looked up this
+    way: a ``runs`` that computes a missing run by another path (chapter 3's calibration, whose missing runs go to
+    an executor) must not be asked for that part."""
+    token = _LOOKING_UP.set(True)
+    try:
+        return runs(profile, **kwargs)
+    finally:
+        _LOOKING_UP.reset(token)
