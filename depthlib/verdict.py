@@ -2,8 +2,9 @@
 
 Each row states a claim of Liu et al. (arXiv 2602.05970), the paper's value, the book's number with its 95 %
 interval, the model and profile it comes from, a status and the section that shows it. The numbers are read from
-the runs each chapter shows (:func:`depthlib.results.select_run`, never computed here), so recomputing a chapter's
-run changes its rows the next time the book is built.
+the runs each chapter's notebook shows: its own ``runs`` looked up without computing
+(:func:`depthlib.selection.shown_runs`), so recomputing a chapter's run changes its rows the next time the book is
+built, and a missing run leaves its rows *not tested here*.
 
 **The status rule** (:func:`status`). Each claim has the paper's value and a *region*: the values for which the
 claim holds qualitatively, bounded half-way between the paper's value and what the rival mechanism predicts (e.g.
@@ -19,8 +20,8 @@ claim holds qualitatively, bounded half-way between the paper's value and what t
 A claim without a paper value (the book's own predictions) is *reproduced* under rule 4 whenever rule 5 would
 apply. A row that covers several models takes the weakest of their statuses.
 
-Each chapter is read by one small adapter function (``_chapter1`` … ``_chapter7``) that finds its run(s) with the
-chapter's own settings; all the numbers come from the chapters' public analysis functions.
+Each chapter is read by one small adapter function (``_chapter1`` … ``_chapter7``) that takes the parts its
+notebook shows; all the numbers come from the chapters' public analysis functions.
 """
 from __future__ import annotations
 
@@ -34,16 +35,13 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results
+from depthlib.chapters import by_name
 from depthlib.errors import InputError
+from depthlib.selection import shown_runs
 
 STATUSES = ("reproduced", "partly", "not reproduced", "contradicted", "not tested here")
 #: how a row covering several models is summarised: the weakest status wins
 _WEAKNESS = {"not tested here": 4, "contradicted": 3, "not reproduced": 2, "partly": 1, "reproduced": 0}
-#: the converged toy calibration (the lead's ``toy-converged`` experiment, table ``alpha_summary``)
-CONVERGED_EXPERIMENT, CONVERGED_TABLE = "toy-converged", "alpha_summary"
-#: the certified toy calibration (``toy-certified``: its ``alpha_summary`` rows of fit ``envelope`` and its
-#: ``certified`` students), preferred to the converged one when both exist
-CERTIFIED_EXPERIMENT = "toy-certified"
 
 
 @dataclass(frozen=True)
@@ -219,21 +217,20 @@ def middle_update_angle(layers: pd.DataFrame) -> tuple[float, float]:
     return float(mid["mean"].mean()), se
 
 
-# ---- one adapter per chapter: find the shown runs (never compute) and read their numbers -------------------
-def _select(experiment: str, profile: str, expected: Callable[[str], dict | None] | None, rerun: bool):
-    run = results.select_run(experiment, profile, expected_config=expected, rerun=rerun)
-    return run
+# ---- one adapter per chapter: the runs its notebook shows (never computed) and their numbers -----------------
+def _shown(chapter: str, profile: str, rerun: bool, **kwargs) -> dict[str, results.Run | None]:
+    """The runs ``chapter``'s notebook shows for ``profile``, by part (its own ``runs``, looked up without computing:
+    :func:`depthlib.selection.shown_runs`); a part without a run is None."""
+    return shown_runs(by_name(chapter).module.runs, profile, rerun=rerun, **kwargs)
 
 
 def _chapter1(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib.scaling import chapter, law
     try:
-        sha = chapter.csv_sha256()
+        chapter.csv_sha256()
     except Exception:  # noqa: BLE001 - no CSV here: the chapter's rows are then not tested
         return {}
-    run = _select(chapter.EXPERIMENT, profile,
-                  lambda p: {**chapter.PROFILES[p].to_dict(), "csv_sha256": sha} if p in chapter.PROFILES
-                  else None, rerun)
+    run = _shown("scaling", profile, rerun)["fits"]
     if run is None:
         return {}
     boot, scan = run.table("bootstrap"), run.table("exclusion_scan")
@@ -254,11 +251,9 @@ def _chapter1(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
 
 
 def _chapter2(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib import probes
     from depthlib.probes import chapter, trajectory
     out: dict[str, list[Measurement]] = {"tokens_evenly": [], "middle_angle": [], "update_angle": []}
-    for model in chapter.PROFILES[profile].models:
-        run = _select(probes.experiment_name(model), profile, lambda p, m=model: chapter._expected_main(p, m), rerun)
+    for model, run in chapter.model_runs(_shown("probes", profile, rerun)).items():
         if run is None:
             continue
         if "tokens" in run.tables():
@@ -276,12 +271,12 @@ def _chapter2(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     return out
 
 
-def _converged_summary(profile: str, rerun: bool) -> tuple[pd.DataFrame | None, str | None, str, str]:
+def _converged_summary(parts: dict[str, results.Run | None]) -> tuple[pd.DataFrame | None, str | None, str, str]:
     """Chapter 3's calibration exponents (teacher, temperature, alpha, lo, hi, replicates), with how many of the
-    fitted students are converged (``n_converged`` of ``n_students``), its profile and the protocol's name: from a
-    complete ``toy-certified`` run (its envelope; converged = certified by a continuation) when there is one, else
-    from ``toy-converged`` (converged = its 1 % rule)."""
-    run = _select(CERTIFIED_EXPERIMENT, profile, None, rerun)
+    fitted students are converged (``n_converged`` of ``n_students``), its profile and the protocol's name, from the
+    protocol runs among chapter 3's shown ``parts``: the ``certified`` run (its envelope; converged = certified by a
+    continuation) when the chapter shows one, else the ``converged`` run (converged = its 1 % rule)."""
+    run = parts.get("certified")
     if run is not None and {"alpha_summary", "certified"} <= set(run.tables()):
         summary = run.table("alpha_summary")
         summary = summary[summary["fit"] == "envelope"]
@@ -289,19 +284,22 @@ def _converged_summary(profile: str, rerun: bool) -> tuple[pd.DataFrame | None, 
             n_converged="sum", n_students="size")
         return (summary.merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
                 "certified protocol", "certified")
-    run = _select(CONVERGED_EXPERIMENT, profile, None, rerun)
-    if run is None or CONVERGED_TABLE not in run.tables():
+    run = parts.get("converged")
+    if run is None or "alpha_summary" not in run.tables():
         return None, None, "", ""
     best = run.table("best")
     counts = best.groupby(["teacher", "temperature"])["converged"].agg(n_converged="sum", n_students="size")
-    return (run.table(CONVERGED_TABLE).merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
+    return (run.table("alpha_summary").merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
             "converged-loss protocol", "converged")
 
 
 def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib.toy import analysis, chapter
+    # the calibration part computes a missing run through an executor, not through the one rule's fallback, so
+    # :func:`shown_runs` may not ask for it: its two runs are looked up below with the chapter's own configs
+    parts = _shown("toy", profile, rerun, parts=tuple(p for p in chapter.SHOWN_PARTS if p != "calibration"))
     out: dict[str, list[Measurement]] = {}
-    conv, conv_profile, protocol, word = _converged_summary(profile, rerun)
+    conv, conv_profile, protocol, word = _converged_summary(parts)
     if conv is not None:
         for teacher, key in (("tied", "tied_alpha"), ("independent", "independent_alpha")):
             t = conv[conv["teacher"] == teacher]
@@ -320,15 +318,11 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                                    f"{protocol}; {int(r['n_converged'])} of "
                                                    f"{int(r['n_students'])} students {word}",
                                                    converged=bool(r["n_converged"] == r["n_students"]))]
-    else:
-        cal = {}
-        for i, cfg in enumerate(chapter.PROFILES[profile].calibration):
-            kind = chapter.CALIBRATION_KINDS[cfg.cells[0][0]]
-            run = _select(chapter.CALIBRATION_EXPERIMENT, profile,
-                          lambda p, i=i: chapter.PROFILES[p].calibration[i].to_dict() if p in chapter.PROFILES
-                          else None, rerun)
-            if run is not None:
-                cal[kind] = run
+    elif "calibration" in chapter.SHOWN_PARTS:
+        cal = {kind: results.shown_run(chapter.CALIBRATION_EXPERIMENT, profile, rerun=rerun,
+                                       expected_config=lambda p, k=kind: chapter.calibration_config(p, k).to_dict())
+               for kind in chapter.CALIBRATION_KINDS.values()}
+        cal = {kind: run for kind, run in cal.items() if run is not None}
         if cal:
             summary = chapter.calibration_summary(cal)
             for _, r in summary.iterrows():
@@ -338,8 +332,7 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                         float(r["lo"]), float(r["hi"]), prof,
                                         f"toy-calibration run (no converged run yet): {int(r['steps']):,} steps, "
                                         "1 replicate, t interval of the fit")]
-    run = _select(chapter.EXPERIMENT, profile,
-                  lambda p: chapter.PROFILES[p].sweep.to_dict() if p in chapter.PROFILES else None, rerun)
+    run = parts.get("sweep")
     if run is not None:
         summary = analysis.signature_summary(run.table("signatures"), run.table("lag_cos"))
         students = summary[(summary["net"] == "student") & (summary["rho"] == 0)]["theta_update"]
@@ -353,9 +346,7 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
 
 def _chapter4(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib import tracing
-    from depthlib.tracing import chapter
-    run = _select(chapter.EXPERIMENT, profile,
-                  lambda p: chapter.chapter_config(p) if p in chapter.PROFILES else None, rerun)
+    run = _shown("tracing", profile, rerun)["trace"]
     if run is None:
         return {}
     tables = tracing.chapter_tables(run)
@@ -371,21 +362,10 @@ def _chapter4(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
 
 
 def _chapter5(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.interventions import analysis, chapter, experiment_name, intervention_key
-    from depthlib.interventions.toy import EXPERIMENT as TOY
-    p = chapter.PROFILES[profile]
-    runs = {}
-    for model in p.models:
-        def expected(q: str, model=model) -> dict | None:
-            pq = chapter.PROFILES.get(q)
-            return intervention_key(model, pq.corpus, pq.n_docs, pq.config_for(model)) if pq and model in pq.models else None
-        run = _select(experiment_name(model), profile, expected, rerun)
-        if run is not None:
-            runs[model] = run
-    toy = _select(TOY, profile, lambda q: chapter.PROFILES[q].toy.key() if q in chapter.PROFILES else None, rerun)
-    if toy is None or not runs:
+    from depthlib.interventions import analysis, chapter
+    runs = {part: run for part, run in _shown("interventions", profile, rerun).items() if run is not None}
+    if "toy" not in runs or len(runs) == 1:
         return {"order_matters_little": []}
-    runs["toy"] = toy
     table = analysis.prediction_table(chapter.statistics(runs), [m for m in runs if m != "toy"])
     rows = table[(table["statistic"] == "order_ratio") & (table["scope"] == "middle")
                  & ~table["model"].str.startswith("toy")] if len(table) else table
@@ -402,9 +382,8 @@ def _chapter5(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
 
 
 def _chapter6(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.lm import analysis, chapter
-    run = _select(chapter.EXPERIMENT, profile,
-                  lambda p: chapter.PROFILES[p].series.to_dict() if p in chapter.PROFILES else None, rerun)
+    from depthlib.lm import analysis
+    run = _shown("lm", profile, rerun)["series"]
     if run is None:
         return {}
     alpha, theta = analysis.fit_row(run, "alpha"), analysis.fit_row(run, "alpha_theta")
@@ -421,9 +400,9 @@ def _chapter6(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
 
 
 def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.compose import analysis, chapter
-    run = _select(chapter.EXPERIMENT, profile,
-                  lambda p: chapter.PROFILES[p].run.to_dict() if p in chapter.PROFILES else None, rerun)
+    from depthlib.compose import analysis
+    parts = _shown("compose", profile, rerun)
+    run = parts["rhm"]
     if run is None:
         return {}
     alphas = analysis.alpha_table(run)
@@ -436,8 +415,7 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
         m = Measurement(f"{r.family}, effective depths {r.depths} (RHM; {law})", r.value, r.lo, r.hi, run.profile,
                         f"95 % t interval over {r.n_seeds} replicates", converged=converged)
         out["hierarchical" if r.family == "untied" else "looped"].append(m)
-    text = _select(chapter.TEXT_EXPERIMENT, profile,
-                   lambda p: chapter.PROFILES[p].text.to_dict() if p in chapter.PROFILES else None, rerun)
+    text = parts.get("text")
     if text is not None:
         members = text.table("members")
         out["looped_text"] = [

@@ -1,13 +1,17 @@
 """The verdict table: its written status rule on synthetic numbers, its small computations, the converged toy run
-it prefers when one exists, and one row per claim from the committed runs."""
+it prefers when one exists, that it reads exactly the runs the chapters' notebooks show (found, never computed), and
+one row per claim from the committed runs."""
 import math
+import os
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from depthlib import results, verdict
+from depthlib import results, selection, verdict
+from depthlib.chapters import by_name
 from depthlib.errors import InputError
+from depthlib.toy import chapter as toy_chapter
 
 REGION = (0.0, 2.0)   # e.g. α_ℓ < 2
 
@@ -90,12 +94,18 @@ def test_middle_update_angle():
     assert mean == pytest.approx(1.5) and se == pytest.approx(0.04)
 
 
-def _converged_run(root, rows, unconverged=()):
-    """A synthetic converged-protocol run: its α table and a ``best`` table of 3 students per cell, every one
-    converged except in the (teacher, temperature) cells listed in ``unconverged``."""
-    run = results.open_run(verdict.CONVERGED_EXPERIMENT, {"synthetic": True}, root=root)
+def _protocol_config(protocol: str, profile: str = "cpu") -> dict:
+    """The settings chapter 3's ``protocol`` run has under ``profile`` (what its notebook selects on)."""
+    return toy_chapter.PROTOCOLS[protocol].config(profile).to_dict()
+
+
+def _converged_run(root, rows, unconverged=(), config=None):
+    """A synthetic converged-protocol run with the cpu profile's settings (or ``config``): its α table and a ``best``
+    table of 3 students per cell, every one converged except in the (teacher, temperature) cells listed in
+    ``unconverged``."""
+    run = results.open_run(toy_chapter.CONVERGED_EXPERIMENT, config or _protocol_config("converged"), root=root)
     run.path.mkdir(parents=True, exist_ok=True)
-    run.write_table(verdict.CONVERGED_TABLE, pd.DataFrame(rows))
+    run.write_table("alpha_summary", pd.DataFrame(rows))
     run.write_table("best", pd.DataFrame([dict(teacher=r["teacher"], temperature=r["temperature"], depth=d,
                                                converged=(r["teacher"], r["temperature"]) not in unconverged)
                                           for r in rows for d in (6, 12, 24)]))
@@ -157,25 +167,91 @@ def test_committed_runs_give_a_row_per_claim_with_a_status():
     assert md.count("**") // 2 == len(rows) and all(c.claim in md for c in verdict.CLAIMS)
 
 
-def test_chapter3_prefers_a_certified_run_and_an_uncertified_student_decides_nothing(tmp_path, monkeypatch):
-    """With a certified run beside a converged one, chapter 3's rows come from the certified run's envelope, and a
-    cell with a student the continuations did not certify is 'not reproduced' (it cannot decide)."""
+def test_chapter3_reads_only_a_protocol_run_its_notebook_shows(tmp_path, monkeypatch):
+    """A converged run with settings other than the profile's is not what the notebook shows, so the verdict does
+    not read it either (its rows stay untested); nor a certified run while the chapter does not show that part."""
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
     root = results.paths.local_results_dir()
-    _converged_run(root, [dict(teacher="tied", temperature=1.0, alpha=9.0, lo=8.0, hi=10.0, replicates=3)])
-    run = results.open_run(verdict.CERTIFIED_EXPERIMENT, {"synthetic": True}, root=root)
+    row = dict(teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3)
+    _converged_run(root, [row], config={**_protocol_config("converged"), "steps_deepest": 1})
+    assert "tied_alpha" not in verdict._chapter3("cpu", rerun=True)
+    assert "certified" not in toy_chapter.SHOWN_PARTS          # until its cpu run is committed
+    _certified_run(root, [dict(fit="envelope", **row)])
+    assert "tied_alpha" not in verdict._chapter3("cpu", rerun=True)
+    _converged_run(root, [{**row, "alpha": 2.5}])
+    assert verdict._chapter3("cpu", rerun=True)["tied_alpha"][0].value == 2.5
+
+
+def _certified_run(root, rows, uncertified=()):
+    """A synthetic certified-protocol run with the cpu profile's settings: its α table and a ``certified`` table of 3
+    students per teacher at T = 1, each certified except the (teacher, depth) students in ``uncertified``."""
+    run = results.open_run(toy_chapter.CERTIFIED_EXPERIMENT, _protocol_config("certified"), root=root)
     run.path.mkdir(parents=True, exist_ok=True)
-    run.write_table("alpha_summary", pd.DataFrame([
-        dict(fit="envelope", teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3),
-        dict(fit="route scratch", teacher="tied", temperature=1.0, alpha=0.5, lo=0.4, hi=0.6, replicates=3),
-        dict(fit="envelope", teacher="independent", temperature=1.0, alpha=1.0, lo=0.9, hi=1.1, replicates=3)]))
+    run.write_table("alpha_summary", pd.DataFrame(rows))
     run.write_table("certified", pd.DataFrame([dict(teacher=t, temperature=1.0, depth=d,
-                                                    certified=not (t == "independent" and d == 24))
+                                                    certified=(t, d) not in uncertified)
                                                for t in ("tied", "independent") for d in (6, 12, 24)]))
     run.finish(profile="cpu", seed=0, wall_time_s=1.0, code=["depthlib.measures"])
+    return run
+
+
+def test_chapter3_prefers_a_certified_run_and_an_uncertified_student_decides_nothing(tmp_path, monkeypatch):
+    """Once the chapter shows its certified part, with a certified run beside a converged one, chapter 3's rows come
+    from the certified run's envelope, and a cell with a student the continuations did not certify is 'not
+    reproduced' (it cannot decide)."""
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(toy_chapter, "SHOWN_PARTS", toy_chapter.SHOWN_PARTS + ("certified",))
+    root = results.paths.local_results_dir()
+    _converged_run(root, [dict(teacher="tied", temperature=1.0, alpha=9.0, lo=8.0, hi=10.0, replicates=3)])
+    _certified_run(root, [
+        dict(fit="envelope", teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3),
+        dict(fit="route scratch", teacher="tied", temperature=1.0, alpha=0.5, lo=0.4, hi=0.6, replicates=3),
+        dict(fit="envelope", teacher="independent", temperature=1.0, alpha=1.0, lo=0.9, hi=1.1, replicates=3)],
+        uncertified=[("independent", 24)])
     rows_out = {r.claim.key: r for r in verdict.verdict("cpu", rerun=True, chapters=[3])}
     tied = rows_out["tied_alpha"]
     assert tied.measurements[0].value == 2.9 and "certified protocol" in tied.measurements[0].note
     assert tied.status == "reproduced"
     assert rows_out["independent_alpha"].status == "not reproduced"
     assert "2 of 3 students certified" in rows_out["independent_alpha"].measurements[0].note
+
+
+def test_looking_up_a_chapters_runs_computes_nothing(roots, monkeypatch):
+    """With no run anywhere, every chapter's shown parts look up as None and nothing is computed or opened (chapter
+    3's calibration part, computed through an executor, is looked up by the verdict itself)."""
+    from depthlib import interventions, probes
+    for module in (probes, interventions):          # the offline models' fingerprints, without converting them
+        monkeypatch.setattr(module, "model_fingerprint", lambda model: f"test:{model}")
+    _, local = roots
+    for chapter in (by_name(str(n)) for n in verdict.ADAPTERS):      # the book's chapters
+        if chapter.name == "scaling" and "DEPTHLIB_DATA_DIR" not in os.environ:
+            continue                                # its config holds the CSV's sha256
+        kwargs = ({"parts": tuple(p for p in toy_chapter.SHOWN_PARTS if p != "calibration")}
+                  if chapter.name == "toy" else {})
+        found = selection.shown_runs(chapter.module.runs, "cpu", **kwargs)
+        assert found and all(run is None for run in found.values()), chapter.name
+    assert not local.exists() or not any(local.iterdir())
+    rows = verdict.verdict("cpu")
+    assert all(r.status == "not tested here" and not r.note.startswith("its run") for r in rows)
+
+
+def test_the_book_page_reads_the_runs_the_notebooks_show(monkeypatch):
+    """The intro's verdict (what the book build renders) on the committed runs: every chapter's runs come from its own
+    ``runs``, looked up, and are the runs that call returns when it may compute; one table row per claim."""
+    read = []
+
+    def recording(runs, profile, **kwargs):
+        found = selection.shown_runs(runs, profile, **kwargs)
+        read.append((runs, profile, kwargs, found))
+        return found
+
+    monkeypatch.setattr(verdict, "shown_runs", recording)
+    page = verdict.book_page("cpu")
+    assert {runs.__module__ for runs, *_ in read} == {by_name(str(n)).module.__name__ for n in verdict.ADAPTERS}
+    for runs, profile, kwargs, found in read:
+        assert all(run is not None for run in found.values()), (runs.__module__, found)
+        shown = runs(profile, **kwargs)             # every part exists: this computes nothing
+        assert {k: r.path for k, r in shown.items()} == {k: r.path for k, r in found.items()}
+    table_rows = [line for line in page.splitlines() if line.startswith("| ") and "**" in line]
+    assert len(table_rows) == len(verdict.CLAIMS)
+    assert all(c.claim in page for c in verdict.CLAIMS) and "could not be read" not in page
