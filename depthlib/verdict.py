@@ -158,9 +158,6 @@ CLAIMS: tuple[Claim, ...] = (
 SECTIONS = {"ch1-alpha": 1, "ch1-optimum": 1, "ch2-trajectories": 2, "ch2-angles": 2, "ch2-updates": 2,
             "ch3-calibration": 3, "ch3-signatures": 3, "ch4-groups": 4, "ch5-order": 5, "ch6-alpha": 6,
             "ch6-angles": 6, "ch7-alpha": 7, "ch7-text": 7}
-CHAPTER_TITLES = {1: "The Chinchilla fit", 2: "Hidden states of real LLMs", 3: "Toy teacher–student networks",
-                  4: "Causal tracing", 5: "Interventions", 6: "A depth series trained here",
-                  7: "Can depth be made compositional?"}
 
 
 # ---- small computations the chapters do not make ---------------------------------------------------------

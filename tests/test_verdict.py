@@ -53,6 +53,7 @@ def test_every_claim_has_a_section_and_a_region_containing_its_paper_value():
     assert len({c.key for c in verdict.CLAIMS}) == len(verdict.CLAIMS)
     for c in verdict.CLAIMS:
         assert c.section in verdict.SECTIONS and verdict.SECTIONS[c.section] == c.chapter
+        assert by_name(str(c.chapter)).number == c.chapter and c.chapter in verdict.ADAPTERS   # a registry chapter
         assert c.region[0] < c.region[1]
         if c.paper is not None:
             assert c.region[0] <= c.paper <= c.region[1], c.key
