@@ -25,7 +25,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from depthlib.chapters import CHAPTERS
+from depthlib import chapters
 from depthlib.errors import InputError
 from depthlib.paths import REPO_ROOT
 
@@ -96,9 +96,9 @@ def _vendor(dest: Path, marker: Path) -> Path:
 
 
 def notebook_paths(only: list[str] | None = None) -> list[Path]:
-    """The chapters' notebooks in the book's order (:data:`depthlib.chapters.CHAPTERS`), or those named in ``only``
-    (names or stems, a prefix such as ``03`` is enough)."""
-    paths = [NOTEBOOKS / f"{c.notebook}.ipynb" for c in CHAPTERS]
+    """The chapters' notebooks in the book's order (:data:`depthlib.chapters.CHAPTERS`, a registered chapter's
+    included), or those named in ``only`` (names or stems, a prefix such as ``03`` is enough)."""
+    paths = [c.notebook_path for c in chapters.CHAPTERS]
     if only:
         wanted = [o.removesuffix(".ipynb") for o in only]
         chosen = [p for p in paths if any(p.stem == w or p.stem.startswith(w) for w in wanted)]
@@ -109,8 +109,14 @@ def notebook_paths(only: list[str] | None = None) -> list[Path]:
     return paths
 
 
-#: Chapters whose notebooks load the offline language models (converted before they run, see prepare_models).
-MODEL_CHAPTERS = tuple(c.notebook for c in CHAPTERS if c.offline_models)
+def model_chapters() -> tuple[str, ...]:
+    """The notebooks (stems) of the chapters that load the offline language models (converted before they run, see
+    :func:`prepare_models`)."""
+    return tuple(c.notebook for c in chapters.CHAPTERS if c.offline_models)
+
+
+#: the table of contents the book is built with: the repository's, its chapters the registry's (table_of_contents)
+TOC = REPO_ROOT / "_toc.yml"
 #: Environment of the notebook kernels: tqdm bars created without an explicit ``disable=`` stay silent, and the
 #: Hugging Face libraries draw none (they would be ipywidgets or stderr text inside the executed notebooks).
 QUIET_KERNEL_ENV = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
@@ -238,7 +244,7 @@ def prepare_models(notebooks: list[Path]) -> list[str]:
     is about to run: the GGUF conversion draws a progress bar that would otherwise land in the page.
     Progress and problems go to stderr; a model that cannot be converted is left to the notebook (which may
     not need it: committed runs load no model). Returns the models ready."""
-    if not any(p.stem in MODEL_CHAPTERS for p in notebooks):
+    if not any(p.stem in model_chapters() for p in notebooks):
         return []
     try:
         loading = _offline_models()
@@ -290,6 +296,42 @@ def refresh_committed(only: list[str] | None = None) -> list[Path]:
 VERDICT_PAGE = "verdict.md"
 
 
+def table_of_contents() -> dict:
+    """The book's table of contents (Jupyter Book's ``_toc.yml``): the repository's, whose part of chapters (the part
+    that lists notebooks) is the registry's notebooks in the registry's order (:data:`depthlib.chapters.CHAPTERS`: a
+    registered chapter gets its page without editing ``_toc.yml``)."""
+    import yaml
+    toc = yaml.safe_load(TOC.read_text(encoding="utf-8"))
+    entries = [{"file": f"notebooks/{c.notebook}"} for c in chapters.CHAPTERS]
+    parts = [p for p in toc["parts"] if any(e.get("file", "").startswith("notebooks/") for e in p["chapters"])]
+    if len(parts) != 1:
+        raise InputError(f"{TOC} must have one part listing the chapters' notebooks, found {len(parts)}")
+    parts[0]["chapters"] = entries
+    return toc
+
+
+def stage_notebooks(stage: Path, profile: str, only: list[str] | None = None, rerun: bool = False) -> list[Path]:
+    """The chapters' pages in ``stage``: every chapter's notebook (:func:`notebook_paths`) under ``stage/notebooks``,
+    those named in ``only`` executed on ``profile`` (papermill parameters ``PROFILE`` and ``RERUN``; True:
+    recompute instead of showing committed runs), the others copied as committed; and the table of contents
+    ``stage/_toc.yml`` that lists them (:func:`table_of_contents`). Returns the staged notebooks, in order."""
+    import yaml
+    stage.mkdir(parents=True, exist_ok=True)
+    (stage / "_toc.yml").write_text(yaml.safe_dump(table_of_contents(), sort_keys=False), encoding="utf-8")
+    chosen = notebook_paths(only)
+    prepare_models(chosen)
+    staged = []
+    for path in notebook_paths():
+        dst = stage / "notebooks" / path.name
+        if path in chosen:
+            execute_notebook(path, dst, parameters={"PROFILE": profile, "RERUN": bool(rerun)})
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, dst)
+        staged.append(dst)
+    return staged
+
+
 def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: bool = False) -> Path:
     """Lay out the book's sources in ``stage`` with every notebook executed on ``profile``.
 
@@ -298,21 +340,12 @@ def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: 
     if stage.exists():
         shutil.rmtree(stage)
     stage.mkdir(parents=True)
-    for name in ("_config.yml", "_toc.yml"):
-        shutil.copy(REPO_ROOT / name, stage / name)
+    shutil.copy(REPO_ROOT / "_config.yml", stage / "_config.yml")
     shutil.copytree(REPO_ROOT / "book", stage / "book")
     shutil.copytree(vendor_assets(), stage / "book_assets")
     for name in ("depthlib.css", "mathjax2-shim.js"):   # the book's own small assets
         shutil.copy(REPO_ROOT / "book" / name, stage / "book_assets" / name)
-    chosen = notebook_paths(only)
-    prepare_models(chosen)
-    for path in notebook_paths():
-        dst = stage / "notebooks" / path.name
-        if path in chosen:
-            execute_notebook(path, dst, parameters={"PROFILE": profile, "RERUN": bool(rerun)})
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, dst)
+    stage_notebooks(stage, profile, only, rerun)
     # the intro includes the verdict, generated after the chapters ran from the runs they showed
     from depthlib import verdict
     (stage / "book" / VERDICT_PAGE).write_text(verdict.book_page(profile, rerun=rerun), encoding="utf-8")
