@@ -44,8 +44,11 @@ HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
 PARTS = ("rhm", "toy", "text", "hierarchy")
 #: The parts the chapter shows by default: ``hierarchy`` joins them once its cpu run is committed (about two hours)
 SHOWN_PARTS = ("rhm", "toy", "text")
+#: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
+PART_FIELDS = {"rhm": "run", "toy": "toy", "text": "text", "hierarchy": "hierarchy"}
 
-__all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "PARTS", "PROFILES", "SHOWN_PARTS", "TEXT_EXPERIMENT",
+__all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "PARTS", "PART_FIELDS", "PROFILES", "SHOWN_PARTS",
+           "TEXT_EXPERIMENT",
            "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe", "describe_hierarchy", "describe_text",
            "describe_toy", "profile_config", "replay", "replay_hierarchy", "replay_text", "replay_toy", "runs",
            "summary", "summary_hierarchy", "summary_text", "summary_toy"]
@@ -162,13 +165,16 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig,
     return run_compose(cfg, force=force, progress=progress)
 
 
-def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
+def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
          progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
     """``{"rhm": run, "toy": run, "text": run}``: the runs chapter 7 shows for ``profile`` (the one rule:
     :func:`depthlib.results.select_run`), each trained now (resumable) if there is none; ``parts`` may add
     ``"hierarchy"`` (:data:`PARTS`). Members train in this process on the CPU (``executor`` and ``device`` are
-    accepted for the contract and must be left at their defaults)."""
-    results.check_profile(profile)
+    accepted for the contract and must be left at their defaults). Custom settings (a :class:`ComposeProfile`, e.g.
+    ``depthlib compose --set``) are trained, or loaded from the local cache, never chosen among committed runs; each
+    run is labelled as its config says."""
+    if not isinstance(profile, ComposeProfile):
+        results.check_profile(profile)
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise InputError(f"chapter 7 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
@@ -176,8 +182,11 @@ def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: 
         raise InputError("chapter 7 trains its members in this process: no executor")
     if device not in (None, "cpu"):
         raise InputError(f"chapter 7 trains on the CPU, got device {device!r}")
-    configs = {"rhm": (EXPERIMENT, "run"), "toy": (TOY_EXPERIMENT, "toy"), "text": (TEXT_EXPERIMENT, "text"),
-               "hierarchy": (HIERARCHY_EXPERIMENT, "hierarchy")}
+    if isinstance(profile, ComposeProfile):
+        return {part: compute(getattr(profile, PART_FIELDS[part]).validate(), progress=progress)
+                for part in PARTS if part in parts}
+    experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "text": TEXT_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT}
+    configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS}
     return {part: results.chapter_run(
         experiment, profile, lambda a=attr: compute(getattr(PROFILES[profile], a), progress=progress),
         expected_config=lambda p, a=attr: getattr(PROFILES[p], a).to_dict() if p in PROFILES else None, rerun=rerun)

@@ -75,12 +75,17 @@ PROFILES = {
 }
 
 
-def _lm_run(profile: str, model: str, rerun: bool, progress: bool) -> results.Run:
+def _lm_run(profile: str | InterventionProfile, model: str, rerun: bool, progress: bool) -> results.Run:
     def expected(prof: str) -> dict | None:
         p = PROFILES.get(prof)
         if p is None or model not in p.models:
             return None
         return intervention_key(model, p.corpus, p.n_docs, p.config_for(model))
+    if isinstance(profile, InterventionProfile):     # custom settings: computed, or loaded from the local cache
+        spec = (profile.corpus, profile.n_docs, profile.config_for(model))
+        label = next((name for name, p in PROFILES.items()   # a profile's own settings keep its name
+                      if model in p.models and (p.corpus, p.n_docs, p.config_for(model)) == spec), results.CUSTOM)
+        return compute(model, *spec, profile=label, progress=progress)
     p = PROFILES[profile]
     return results.chapter_run(experiment_name(model), profile,
                                lambda: compute(model, p.corpus, p.n_docs, p.config_for(model), profile=profile,
@@ -88,22 +93,30 @@ def _lm_run(profile: str, model: str, rerun: bool, progress: bool) -> results.Ru
                                expected_config=expected, rerun=rerun)
 
 
-def _toy_run(profile: str, rerun: bool, progress: bool) -> results.Run:
+def _toy_run(profile: str | InterventionProfile, rerun: bool, progress: bool) -> results.Run:
     def expected(prof: str) -> dict | None:
         return PROFILES[prof].toy.key() if prof in PROFILES else None
+    if isinstance(profile, InterventionProfile):     # custom settings: labelled as their toy config says
+        return compute("toy", config=profile.toy, profile=profile.toy.profile, progress=progress)
     return results.chapter_run(TOY_EXPERIMENT, profile,
                                lambda: compute("toy", config=PROFILES[profile].toy, profile=profile, progress=progress),
                                expected_config=expected, rerun=rerun)
 
 
-def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+def runs(profile: str | InterventionProfile = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
          progress: bool = False) -> dict[str, results.Run]:
     """{model name: run} for the profile's LMs and ``"toy"`` for the toy controls, each found by the one rule
     (:func:`depthlib.results.select_run`) or computed now in this process (the profile's settings decide the device);
-    the toy controls first (a minute), then the LMs."""
-    results.check_profile(profile)
+    the toy controls first (a minute), then the LMs. Custom settings (an :class:`InterventionProfile`, e.g.
+    ``depthlib interventions --set``) are computed, or loaded from the local cache, never chosen among committed runs,
+    and labelled ``custom`` unless they are a profile's own settings."""
+    if isinstance(profile, InterventionProfile):
+        settings = profile
+    else:
+        results.check_profile(profile)
+        settings = PROFILES[profile]
     toy = _toy_run(profile, rerun, progress)
-    out = {model: _lm_run(profile, model, rerun, progress) for model in PROFILES[profile].models}
+    out = {model: _lm_run(profile, model, rerun, progress) for model in settings.models}
     out["toy"] = toy
     return out
 

@@ -193,16 +193,23 @@ def compute(cfg: SeriesConfig | ConvergedConfig, device: str = "cpu", *, force: 
         return run_series(cfg, device, progress=progress, force=force, executor=executor)
 
 
-def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
+def runs(profile: str | LMProfile = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
          progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
     """The runs chapter 6 shows for ``profile``, by part: ``series`` (and, when asked for in ``parts``,
     ``converged``), each found by the one rule (:func:`depthlib.results.select_run`) or trained now (cached,
     resumable) if there is none, on ``device`` (default: :func:`default_device`), in this process or as units of
-    ``executor``."""
-    results.check_profile(profile)
+    ``executor``. Custom settings (an :class:`LMProfile`, e.g. ``depthlib lm --set``) are trained, or loaded from the
+    local cache, never chosen among committed runs; each run is labelled as its config says."""
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise InputError(f"chapter 6 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
+    if isinstance(profile, LMProfile):
+        device = default_device(profile.name) if device is None else device
+        custom = {"series": lambda: compute(profile.series, device, progress=progress, executor=executor),
+                  "converged": lambda: compute_converged(profile.converged.validate(), device, progress=progress,
+                                                         executor=executor)}
+        return {part: custom[part]() for part in PARTS if part in parts}
+    results.check_profile(profile)
     device = default_device(profile) if device is None else device
     out = {}
     if "series" in parts:

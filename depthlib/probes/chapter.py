@@ -61,10 +61,16 @@ PROFILES = {
 }
 
 
-def _spec(profile: str, model: str, weight_noise: float | None = None):
+def _custom(profile: str | ProbeProfile) -> bool:
+    """Whether ``profile`` is custom settings (a :class:`ProbeProfile`, e.g. ``depthlib probes --set``) rather than
+    a profile's name."""
+    return isinstance(profile, ProbeProfile)
+
+
+def _spec(profile: str | ProbeProfile, model: str, weight_noise: float | None = None):
     """(corpus, n_docs, config) of ``model``'s run under ``profile``: a main run, or a sensitivity run at ε =
     ``weight_noise``; None where the profile has no such run."""
-    p = PROFILES.get(profile)
+    p = profile if _custom(profile) else PROFILES.get(profile)
     if p is None:
         return None
     if weight_noise is None:
@@ -74,25 +80,35 @@ def _spec(profile: str, model: str, weight_noise: float | None = None):
     return p.corpus, p.sensitivity_docs, dataclasses.replace(p.config, weight_noise=float(weight_noise))
 
 
-def _chapter_run(profile: str, model: str, weight_noise: float | None, rerun: bool, progress: bool) -> results.Run:
+def _chapter_run(profile: str | ProbeProfile, model: str, weight_noise: float | None, rerun: bool,
+                 progress: bool) -> results.Run:
     from depthlib.probes import experiment_name, probe_key, run_probe
 
     def expected(prof: str) -> dict | None:
         spec = _spec(prof, model, weight_noise)
         return probe_key(model, *spec) if spec else None
     corpus, n_docs, config = _spec(profile, model, weight_noise)
+    if _custom(profile):                  # computed, or loaded from the local cache; a profile's own settings keep its name
+        label = next((name for name in PROFILES if _spec(name, model, weight_noise) == (corpus, n_docs, config)),
+                     results.CUSTOM)
+        return compute(model, corpus, n_docs, config, profile=label, progress=progress)
     return results.chapter_run(
         experiment_name(model), profile,
         lambda: _checked(lambda: run_probe(model, corpus, n_docs, config, profile=profile, progress=progress)),
         expected_config=expected, rerun=rerun)
 
 
-def chapter_runs(profile: str = "smoke", *, extra_models: Sequence[str] = (), rerun: bool = False,
+def chapter_runs(profile: str | ProbeProfile = "smoke", *, extra_models: Sequence[str] = (), rerun: bool = False,
                  progress: bool = False) -> dict[str, results.Run]:
     """The run of every model chapter 2 shows for ``profile``: the profile's models (computed if missing, e.g.
     ``paper`` probes Pythia on FineWeb and never falls back to a ``cpu`` run) and ``extra_models``, whose runs
-    must exist already (made by ``depthlib probes --model NAME ...``; the best one of that model is shown)."""
+    must exist already (made by ``depthlib probes --model NAME ...``; the best one of that model is shown).
+    Custom settings (a :class:`ProbeProfile`) have their own models' runs only."""
     from depthlib.probes import experiment_name
+    if _custom(profile):
+        if extra_models:
+            raise InputError("models probed on their own are shown beside a profile's runs, not beside custom settings")
+        return {model: _chapter_run(profile, model, None, rerun, progress) for model in profile.models}
     results.check_profile(profile)
     runs = {model: _chapter_run(profile, model, None, rerun, progress) for model in PROFILES[profile].models}
     for model in extra_models:
@@ -112,19 +128,25 @@ def _expected_main(profile: str, model: str) -> dict | None:
     return probe_key(model, *spec) if spec else None
 
 
-def sensitivity_runs(profile: str = "smoke", *, rerun: bool = False, progress: bool = False) -> dict[float, results.Run]:
+def sensitivity_runs(profile: str | ProbeProfile = "smoke", *, rerun: bool = False,
+                     progress: bool = False) -> dict[float, results.Run]:
     """The profile's weight-noise sensitivity runs, {ε: run} (ε = 0 is the unperturbed baseline on the same
     documents), each found or computed like every chapter run."""
-    results.check_profile(profile)
-    p = PROFILES[profile]
+    if _custom(profile):
+        p = profile
+    else:
+        results.check_profile(profile)
+        p = PROFILES[profile]
     return {eps: _chapter_run(profile, p.sensitivity_model, eps, rerun, progress) for eps in p.sensitivity_noise}
 
 
-def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+def runs(profile: str | ProbeProfile = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
          extra_models: Sequence[str] = (), progress: bool = False) -> dict[str, results.Run]:
     """The runs chapter 2 shows for ``profile``: one per model (:func:`chapter_runs`) and one per weight-noise level
     of the sensitivity check, ``sensitivity ε=<ε>`` (:func:`sensitivity_runs`). Each is computed in this process
-    if missing (the profile's own settings decide the device; ``executor`` and ``device`` are for :func:`compute`)."""
+    if missing (the profile's own settings decide the device; ``executor`` and ``device`` are for :func:`compute`).
+    Custom settings (a :class:`ProbeProfile`, e.g. ``depthlib probes --set``) are computed, or loaded from the local
+    cache, never chosen among committed runs, and labelled ``custom`` unless they are a profile's own settings."""
     out = dict(chapter_runs(profile, extra_models=extra_models, rerun=rerun, progress=progress))
     out.update({f"{SENSITIVITY}{eps!r}": run for eps, run in sensitivity_runs(profile, rerun=rerun,
                                                                               progress=progress).items()})

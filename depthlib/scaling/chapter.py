@@ -64,10 +64,18 @@ def csv_sha256(path: str | Path | None = None) -> str:
     return h.hexdigest()
 
 
-def chapter_config(profile: str, data_path: str | Path | None = None) -> dict:
-    """The results-cache config of a chapter run: the profile's settings and the CSV's sha256."""
+def settings(profile: str | ScalingProfile) -> ScalingProfile:
+    """The settings of ``profile``: a profile's name, or a :class:`ScalingProfile` itself (custom settings, e.g.
+    ``depthlib scaling --set``)."""
+    if isinstance(profile, ScalingProfile):
+        return profile
     results.check_profile(profile)
-    return {**PROFILES[profile].to_dict(), "csv_sha256": csv_sha256(data_path)}
+    return PROFILES[profile]
+
+
+def chapter_config(profile: str | ScalingProfile, data_path: str | Path | None = None) -> dict:
+    """The results-cache config of a chapter run: the profile's settings and the CSV's sha256."""
+    return {**settings(profile).to_dict(), "csv_sha256": csv_sha256(data_path)}
 
 
 def _tables(prof: ScalingProfile, df: pd.DataFrame) -> dict:
@@ -83,13 +91,16 @@ def _tables(prof: ScalingProfile, df: pd.DataFrame) -> dict:
     return tables
 
 
-def compute(profile: str = "smoke", *, data_path: str | Path | None = None, force: bool = False) -> results.Run:
-    """Compute (or resume, or load) the chapter's tables for ``profile`` in the local results cache; returns the Run
-    (the lifecycle of :func:`depthlib.results.computing`: tables already written are kept, so an interrupted run
-    resumes; a complete run computed by other code is recomputed)."""
+def compute(profile: str | ScalingProfile = "smoke", *, data_path: str | Path | None = None,
+            force: bool = False) -> results.Run:
+    """Compute (or resume, or load) the chapter's tables for ``profile`` (a name, or custom settings: labelled
+    ``custom``) in the local results cache; returns the Run (the lifecycle of :func:`depthlib.results.computing`:
+    tables already written are kept, so an interrupted run resumes; a complete run computed by other code is
+    recomputed)."""
     config = chapter_config(profile, data_path)
-    prof = PROFILES[profile]
-    with results.computing(EXPERIMENT, config, profile=profile, seed=prof.seed, code=COMPUTE.values(),
+    prof = settings(profile)
+    label = profile if isinstance(profile, str) else results.CUSTOM
+    with results.computing(EXPERIMENT, config, profile=label, seed=prof.seed, code=COMPUTE.values(),
                            force=force) as job:
         if job.complete:
             return job.run
@@ -114,11 +125,14 @@ def check_bootstrap_memory(n_rows: int, n_resamples: int, law_name: str = "decom
                             fix=f"each resample needs about {per / 1024:.0f} KiB; lower --bootstrap")
 
 
-def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+def runs(profile: str | ScalingProfile = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
          data_path: str | Path | None = None) -> dict[str, results.Run]:
     """``{"fits": run}``: the run chapter 1 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`,
     among runs whose config is a profile's current settings on this CSV); computed now if there is none. The fits
-    are CPU work in this process (``executor`` and ``device`` change nothing)."""
+    are CPU work in this process (``executor`` and ``device`` change nothing). Custom settings (a
+    :class:`ScalingProfile`) are computed, or loaded from the local cache, never chosen among committed runs."""
+    if not isinstance(profile, str):
+        return {"fits": compute(profile, data_path=data_path)}
     results.check_profile(profile)
     sha = csv_sha256(data_path)
 

@@ -75,12 +75,20 @@ def _facts_digest(facts: Sequence[Fact]) -> str:
     return hashlib.sha256(json.dumps([asdict(f) for f in facts]).encode()).hexdigest()[:12]
 
 
-def chapter_config(profile: str, extra_models: Sequence[str] = ()) -> dict:
+def settings(profile: str | TracingProfile) -> TracingProfile:
+    """The settings of ``profile``: a profile's name, or a :class:`TracingProfile` itself (custom settings, e.g.
+    ``depthlib tracing --set``; its runs are labelled as its ``name`` says)."""
+    if isinstance(profile, TracingProfile):
+        return profile
+    results.check_profile(profile)
+    return PROFILES[profile]
+
+
+def chapter_config(profile: str | TracingProfile, extra_models: Sequence[str] = ()) -> dict:
     """The results-cache config of a chapter run: the profile's settings, its models and prompts, the fact set.
 
     The device is not part of it (it changes speed, not the numbers; the manifest records it)."""
-    results.check_profile(profile)
-    prof = PROFILES[profile]
+    prof = settings(profile)
     return {**prof.to_dict(), "models": list(prof.models) + list(extra_models),
             "prompts": [list(p) for p in CHAPTER_PROMPTS[: prof.n_prompts]], "facts": _facts_digest(load_facts())}
 
@@ -207,14 +215,16 @@ def model_done(run: results.Run, name: str) -> bool:
     return all(run.has(f"{t}_{safe_name(name)}") for t in ("check", "prompts", "facts", "baseline"))
 
 
-def compute(profile: str = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
+def compute(profile: str | TracingProfile = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
             progress: bool = False, force: bool = False, executor=None, shards: int | None = None) -> results.Run:
     """Compute (or resume, or load) the chapter's tables for ``profile`` in the local results cache; returns the Run
     (the lifecycle of :func:`depthlib.results.computing`). Models already done (all four tables written) are skipped,
     so an interrupted run resumes. With an :class:`depthlib.executors.ExecutorConfig` other than serial, the same run
     is computed as its jobs, each model's facts in ``shards`` slices (default: its worker count;
-    :mod:`depthlib.tracing.shards`)."""
+    :mod:`depthlib.tracing.shards`). Custom settings (a :class:`TracingProfile`) are traced in this process."""
     if executor is not None and executor.kind != "serial":
+        if not isinstance(profile, str):
+            raise InputError("custom settings (--set) are traced in this process: drop --executor")
         from depthlib.tracing import shards as sharded
         return sharded.run_sharded(profile, executor, extra_models=extra_models, device=device,
                                    fact_shards=executor.jobs if shards is None else shards)
@@ -251,21 +261,26 @@ def computing(config: dict, *, device: str = "cpu", force: bool = False) -> Iter
         yield job
 
 
-def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
-         extra_models: Sequence[str] = (), progress: bool = False) -> dict[str, results.Run]:
+def runs(profile: str | TracingProfile = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+         extra_models: Sequence[str] = (), progress: bool = False, shards: int | None = None) -> dict[str, results.Run]:
     """``{"trace": run}``: the run chapter 4 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`,
     among runs whose config is a profile's current one with these ``extra_models``); computed now if there is none,
-    in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as jobs of it."""
-    results.check_profile(profile)
+    in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as jobs of it (each model's facts in
+    ``shards`` slices). Custom settings (a :class:`TracingProfile`, e.g. ``depthlib tracing --set``) are traced in
+    this process, or loaded from the local cache, never chosen among committed runs."""
     extra = tuple(extra_models)
+    if not isinstance(profile, str):
+        return {"trace": compute(profile, extra_models=extra, device=device, progress=progress, executor=executor)}
+    results.check_profile(profile)
 
     def expected(prof: str) -> dict | None:
         return chapter_config(prof, extra) if prof in PROFILES else None
 
     def make() -> results.Run:
         if executor is not None and executor.kind != "serial":
-            from depthlib.tracing import shards
-            return shards.run_sharded(profile, executor, extra_models=extra, device=device)
+            from depthlib.tracing import shards as sharded
+            return sharded.run_sharded(profile, executor, extra_models=extra, device=device,
+                                       **({} if shards is None else {"fact_shards": shards}))
         return compute(profile, extra_models=extra, device=device, progress=progress)
 
     return {"trace": results.chapter_run(EXPERIMENT, profile, make, expected_config=expected, rerun=rerun)}
