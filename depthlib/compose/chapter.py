@@ -11,7 +11,7 @@ committed),
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -165,6 +165,12 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig,
     return run_compose(cfg, force=force, progress=progress)
 
 
+def _labelled(cfg, field: str):
+    """A part's settings ``cfg`` (``field`` of :class:`ComposeProfile`) as they are if they are a profile's own, else
+    labelled ``custom``."""
+    return cfg if any(getattr(p, field) == cfg for p in PROFILES.values()) else replace(cfg, profile=results.CUSTOM)
+
+
 def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
          progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
     """``{"rhm": run, "toy": run, "text": run}``: the runs chapter 7 shows for ``profile`` (the one rule:
@@ -183,7 +189,8 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
     if device not in (None, "cpu"):
         raise InputError(f"chapter 7 trains on the CPU, got device {device!r}")
     if isinstance(profile, ComposeProfile):
-        return {part: compute(getattr(profile, PART_FIELDS[part]).validate(), progress=progress)
+        return {part: compute(_labelled(getattr(profile, PART_FIELDS[part]), PART_FIELDS[part]).validate(),
+                              progress=progress)
                 for part in PARTS if part in parts}
     experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "text": TEXT_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT}
     configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS}

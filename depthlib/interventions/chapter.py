@@ -96,8 +96,9 @@ def _lm_run(profile: str | InterventionProfile, model: str, rerun: bool, progres
 def _toy_run(profile: str | InterventionProfile, rerun: bool, progress: bool) -> results.Run:
     def expected(prof: str) -> dict | None:
         return PROFILES[prof].toy.key() if prof in PROFILES else None
-    if isinstance(profile, InterventionProfile):     # custom settings: labelled as their toy config says
-        return compute("toy", config=profile.toy, profile=profile.toy.profile, progress=progress)
+    if isinstance(profile, InterventionProfile):     # custom settings: custom unless a profile's own
+        label = next((name for name, p in PROFILES.items() if p.toy == profile.toy), results.CUSTOM)
+        return compute("toy", config=profile.toy, profile=label, progress=progress)
     return results.chapter_run(TOY_EXPERIMENT, profile,
                                lambda: compute("toy", config=PROFILES[profile].toy, profile=profile, progress=progress),
                                expected_config=expected, rerun=rerun)

@@ -7,7 +7,7 @@ evaluation), ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -193,6 +193,11 @@ def compute(cfg: SeriesConfig | ConvergedConfig, device: str = "cpu", *, force: 
         return run_series(cfg, device, progress=progress, force=force, executor=executor)
 
 
+def _labelled(cfg, part: str):
+    """A part's settings ``cfg`` as they are if they are a profile's own, else labelled ``custom``."""
+    return cfg if any(getattr(p, part) == cfg for p in PROFILES.values()) else replace(cfg, profile=results.CUSTOM)
+
+
 def runs(profile: str | LMProfile = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
          progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
     """The runs chapter 6 shows for ``profile``, by part: ``series`` (and, when asked for in ``parts``,
@@ -205,9 +210,10 @@ def runs(profile: str | LMProfile = "smoke", *, rerun: bool = False, executor=No
         raise InputError(f"chapter 6 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
     if isinstance(profile, LMProfile):
         device = default_device(profile.name) if device is None else device
-        custom = {"series": lambda: compute(profile.series, device, progress=progress, executor=executor),
-                  "converged": lambda: compute_converged(profile.converged.validate(), device, progress=progress,
-                                                         executor=executor)}
+        custom = {"series": lambda: compute(_labelled(profile.series, "series"), device, progress=progress,
+                                            executor=executor),
+                  "converged": lambda: compute_converged(_labelled(profile.converged, "converged").validate(), device,
+                                                         progress=progress, executor=executor)}
         return {part: custom[part]() for part in PARTS if part in parts}
     results.check_profile(profile)
     device = default_device(profile) if device is None else device

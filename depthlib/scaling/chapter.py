@@ -11,6 +11,7 @@ The config holds the sha256 of the CSV the run was computed from, so another CSV
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,9 +67,9 @@ def csv_sha256(path: str | Path | None = None) -> str:
 
 def settings(profile: str | ScalingProfile) -> ScalingProfile:
     """The settings of ``profile``: a profile's name, or a :class:`ScalingProfile` itself (custom settings, e.g.
-    ``depthlib scaling --set``)."""
+    ``depthlib scaling --set``: named ``custom`` unless they are a profile's own, so that their run is labelled so)."""
     if isinstance(profile, ScalingProfile):
-        return profile
+        return profile if profile in PROFILES.values() else dataclasses.replace(profile, name=results.CUSTOM)
     results.check_profile(profile)
     return PROFILES[profile]
 
@@ -94,13 +95,12 @@ def _tables(prof: ScalingProfile, df: pd.DataFrame) -> dict:
 def compute(profile: str | ScalingProfile = "smoke", *, data_path: str | Path | None = None,
             force: bool = False) -> results.Run:
     """Compute (or resume, or load) the chapter's tables for ``profile`` (a name, or custom settings: labelled
-    ``custom``) in the local results cache; returns the Run (the lifecycle of :func:`depthlib.results.computing`:
-    tables already written are kept, so an interrupted run resumes; a complete run computed by other code is
-    recomputed)."""
+    ``custom`` unless they are a profile's own) in the local results cache; returns the Run (the lifecycle of
+    :func:`depthlib.results.computing`: tables already written are kept, so an interrupted run resumes; a complete
+    run computed by other code is recomputed)."""
     config = chapter_config(profile, data_path)
     prof = settings(profile)
-    label = profile if isinstance(profile, str) else results.CUSTOM
-    with results.computing(EXPERIMENT, config, profile=label, seed=prof.seed, code=COMPUTE.values(),
+    with results.computing(EXPERIMENT, config, profile=prof.name, seed=prof.seed, code=COMPUTE.values(),
                            force=force) as job:
         if job.complete:
             return job.run
