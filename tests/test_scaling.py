@@ -299,3 +299,22 @@ def test_chapter_profiles_run_and_replay(chinchilla_df, tmp_path, monkeypatch):
     assert chapter.chapter_config("smoke", other)["csv_sha256"] != run.config["csv_sha256"]
     with pytest.raises(InputError, match="unknown profile"):
         chapter.runs("huge")
+
+
+def test_chapter_text_is_computed_from_the_fits(chinchilla_df, converged_fit, paper_fit):
+    """Chapter 1's captions and paragraphs (depthlib.scaling.views) state what the fits and tables say: the fitted
+    runs' error is the fit's own, and the interval's verdict on 1 and 3 follows the resamples (known answers)."""
+    import pandas as pd
+
+    from depthlib.scaling import views
+    said = views.observed_caption(converged_fit, chinchilla_df)
+    assert f"{100 * converged_fit.mean_rel_err:.2f} % off on average" in said and f"all {len(chinchilla_df)} runs" in said
+    rng = np.random.default_rng(0)
+    near_one = pd.DataFrame({p: rng.normal(m, 0.05, 400) for p, m in (("alpha_m", 1), ("alpha_l", 1), ("alpha_D", .3))})
+    assert "includes 1 and excludes 3" in views.bootstrap_caption(near_one, 0)
+    assert "excludes 1 and includes 3" in views.bootstrap_caption(near_one.assign(alpha_l=near_one["alpha_l"] + 2), 0)
+    scan = pd.DataFrame({"exclude": [0, 10, 20], "depth_offset": 0, "preset": "converged", "alpha_l": [1.0, 1.1, 1.2],
+                         "se_alpha_l": [0.1, 0.1, 0.5]})
+    far = views.distance_from_three(scan)
+    assert "at 20 excluded rows: α_ℓ = 1.20 ± 0.50, 3.6 SE below 3: 3 is excluded under every choice" in far
+    assert "nearer 1 than 3 does not" in views.preset_paragraph(paper_fit, converged_fit)
