@@ -543,3 +543,22 @@ def test_ideal_distances_separate_nearness_from_cluster_membership():
     a = analyze_trajectories(theta)
     d = ideal_distances(theta, a)
     assert d["to_own_mean"] < 0.5 * d["to_evenly"]      # ... and near its own cluster's mean
+
+
+def test_chapter_text_follows_the_measurements(monkeypatch):
+    """Chapter 2's generated sentences (depthlib.probes.views) say what the numbers say, on known inputs: which
+    models are near π/2 or nearer a smooth flow, and whether the deeper model's middle angles are the smaller."""
+    from types import SimpleNamespace
+
+    from depthlib.probes import views
+    summaries = {"A": {"update_mean": 1.55, "update_min": 1.2, "update_min_pair": 3},
+                 "B": {"update_mean": 0.30, "update_min": 0.1, "update_min_pair": 5}}
+    monkeypatch.setattr(views, "angle_summary", lambda t: summaries[t])
+    said = views.updates_paragraph({"A": "A", "B": "B"})
+    assert "Nearer a smooth flow's ≈ 0 than π/2: B." in said and "Within 0.1 rad of π/2: A." in said
+
+    def run(n, theta):
+        return SimpleNamespace(manifest={"summary": {"n_layers": n, "theta_middle_mean": theta}})
+    assert "turns by smaller middle angles" in views.relative_depth_caption({"deep": run(30, 0.2), "flat": run(18, 0.3)})
+    assert "decides nothing" in views.relative_depth_caption({"deep": run(30, 0.4), "flat": run(18, 0.3)})
+    assert views.depth_law_paragraph(None, None).startswith("**Not fitted.**")
