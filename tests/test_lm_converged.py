@@ -23,6 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread", "cache")   # tiny model
 
 from depthlib import InputError, results  # noqa: E402
 from depthlib.lm import budget, chapter, continuation, converged, corpus, fit, model, series, stopping, train  # noqa: E402
+from depthlib.lm import converged_views as cv  # noqa: E402
 from depthlib.lm.converged import ConvergedConfig  # noqa: E402
 from depthlib.purity import VOLATILE  # noqa: E402
 
@@ -362,3 +363,219 @@ def test_cli_bad_part_exits_2_with_one_line(cache):
     out = subprocess.run([sys.executable, "-m", "depthlib.cli", "lm", "--part", "nope"], capture_output=True,
                          text=True, env=env, timeout=120)
     assert out.returncode == 2 and out.stdout == "" and "invalid choice: 'nope'" in out.stderr.strip().splitlines()[-1]
+
+
+# ---- the views: the answer paragraph, the verdict rows and the figures (depthlib.lm.converged_views) -------------
+DEPTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def _synthetic(alpha=(1.0, 0.8, 1.2), main_end=(1.02, 0.85, 1.19), settled=True, change=0.05, half_width=0.2,
+               settled_reason="", uncertified=(), drops=None, theta=(1.0, 0.05, 5), rise=0.0, noisy=False,
+               epochs=2.3, deepest_tpp=20.2):
+    """The tables of a finished converged series with known answers: α_ℓ ``alpha`` (value, lo, hi) from the best
+    stages and ``main_end`` at the end of the main training; the stopping row; members (depth, seed) in
+    ``uncertified`` not certified; ``drops`` {left-out depth: (alpha, lo, hi)} (default: the all-depths fit); α_θ
+    (value, se, n_depths); the ℓ = 16 member's held-out loss ends ``rise`` above its minimum (``noisy``: the rise
+    differs by document, so its interval includes 0); the main training covers ``epochs``."""
+    steps = list(range(0, 1100, 100))
+    members = pd.DataFrame([{"depth": d, "seed": s, "certified": (d, s) not in uncertified,
+                             "gains": "+0.0500, +0.0300" if (d, s) in uncertified else "+0.0100",
+                             "val_loss": 3.0 + d ** -1.0} for d in DEPTHS for s in (0, 1)])
+    a = np.linspace(main_end[0] + 0.5, main_end[0], len(steps))
+    traj = pd.DataFrame({"step": steps, "tokens": [s * 100 for s in steps], "alpha": a, "lo": a - 0.2,
+                         "hi": a + 0.2, "defined": True, "seed_min": a - 0.05, "seed_max": a + 0.05})
+    stopping_ = pd.DataFrame([{"settled": settled, "change": change, "half_width": half_width, "alpha": main_end[0],
+                               "lo": main_end[1], "hi": main_end[2], "from_step": 700, "to_step": 1000,
+                               "n_evaluations": 4, "window": 0.3, "settled_reason": settled_reason}])
+    fit_ = pd.DataFrame([
+        {"quantity": "alpha", "value": alpha[0], "lo": alpha[1], "hi": alpha[2], "se": np.nan, "n_depths": 8,
+         "n_resamples": 1000, "share_undefined_or_at_bound": 0.0},
+        {"quantity": "alpha_main_end", "value": main_end[0], "lo": main_end[1], "hi": main_end[2], "se": np.nan,
+         "n_depths": 8, "n_resamples": np.nan, "share_undefined_or_at_bound": 0.0},
+        {"quantity": "alpha_theta", "value": theta[0], "lo": theta[0] - 0.02, "hi": theta[0] + 0.02, "se": theta[1],
+         "n_depths": theta[2], "n_resamples": 1000, "share_undefined_or_at_bound": 0.0}])
+    boot = pd.DataFrame([{"resample": 0, "alpha": alpha[0], "L_inf": 3.0, "c": 1.0,
+                          "at_bound": not cv.defined_exponent(alpha[0])}])
+    drops = {} if drops is None else drops
+    sens = pd.DataFrame([{"fit": "all depths" if not k else f"without ℓ = {k}", "left_out": k,
+                          "n_depths": 8 - bool(k), **dict(zip(("alpha", "lo", "hi"), drops.get(k, alpha))),
+                          "L_inf": 3.0, "c": 1.0} for k in (0, *DEPTHS)])
+    budget_ = pd.DataFrame({"depth": [1, 16], "tokens": [6_758_400] * 2,
+                            "tokens_per_parameter": [47.0, deepest_tpp]})
+    curves, docs = [], []
+    for depth in (1, 16):
+        for k in range(11):
+            loss = 5.0 - 0.1 * min(k, 8) + (rise if depth == 16 and k >= 9 else 0.0)
+            curves.append({"depth": depth, "seed": 0, "stage": "main", "step": k, "stream_step": k,
+                           "epochs": epochs * k / 10, "val_loss": loss})
+            for j, offset in enumerate((0.3, -0.3, 0.0)):
+                extra = (3 * offset if noisy else 0.0) if depth == 16 and k >= 9 else 0.0
+                docs.append({"depth": depth, "seed": 0, "stage": "main", "step": k, "doc_id": f"d{j}",
+                             "n_tokens": 100, "nll_sum": 100 * (loss + offset + extra)})
+    return {"config": {"profile": "custom", "continuation": 0.5, "gain_below": 0.02, "max_continuations": 2,
+                       "step_bootstrap": 50, "bootstrap_seed": 0, "window": 0.3},
+            "stopping": stopping_, "alpha_by_step": traj, "members": members, "fit": fit_, "fit_bootstrap": boot,
+            "sensitivity": sens, "budget": budget_, "curves": pd.DataFrame(curves), "doc_losses": pd.DataFrame(docs)}
+
+
+def _status(tables) -> dict:
+    return cv.verdict_rows(tables).set_index("key")["status"].to_dict()
+
+
+def test_a_settled_certified_series_inside_every_region_holds_every_row():
+    t = _synthetic()
+    rows = cv.verdict_rows(t)
+    assert list(rows["key"]) == ["stopped", "certified", "budget", "repetition", "alpha", "alpha_sensitivity",
+                                 "continuations", "alpha_theta"]
+    assert set(rows["status"]) == {"holds"}, rows[["key", "status", "reason"]]
+    assert {"claim", "prediction", "would_contradict", "measured", "status"} <= set(rows.columns)
+    text = cv.answer(t)
+    for said in ("**α_ℓ stopped moving by the stopping rule.**", "it changed by 0.050, less than its last "
+                 "interval's half-width 0.200", "**16 of 16 members are certified**", "**α_ℓ = 1.00 [0.80, 1.20]**",
+                 "against 1.02 [0.85, 1.19] at the end of the main training", "47.0 tokens per parameter at ℓ = 1 "
+                 "and 20.2 at ℓ = 16 (Chinchilla's 20: met)", "No member's held-out loss rose",
+                 "α_ℓ ≈ 1 (α_ℓ < 2) **holds**", "α_θ ≈ 1 **holds**", "**α_θ = 1.00** over 5 depths"):
+        assert said in text, said
+    assert "smoke" not in text and "undecided" not in text
+    assert list(cv.verdict_table(t).columns) == ["prediction", "would contradict", "measured", "status"]
+
+
+def test_an_exponent_wholly_above_the_region_is_contradicted_and_one_straddling_its_edge_undecided():
+    high = _status(_synthetic(alpha=(3.0, 2.5, 3.6), main_end=(3.0, 2.6, 3.4)))
+    assert high["alpha"] == "contradicted" and high["alpha_sensitivity"] == "contradicted"
+    edge = cv.verdict_rows(_synthetic(alpha=(1.8, 1.4, 2.3), main_end=(1.8, 1.4, 2.2))).set_index("key")
+    assert edge.loc["alpha", "status"] == "undecided" and "straddles an edge" in edge.loc["alpha", "reason"]
+    assert "α_ℓ ≈ 1 (α_ℓ < 2) **undecided**" in cv.answer(_synthetic(alpha=(1.8, 1.4, 2.3)))
+
+
+def test_an_exponent_that_has_not_stopped_moving_or_uncertified_members_decide_nothing():
+    moving = _synthetic(alpha=(3.0, 2.5, 3.6), settled=False, change=0.3, settled_reason="α_ℓ moved by 0.3")
+    s = cv.verdict_rows(moving).set_index("key")
+    assert s.loc["stopped", "status"] == "contradicted"               # a change ≥ the half-width: not stopped
+    assert s.loc["alpha", "status"] == "undecided" and "has not stopped moving" in s.loc["alpha", "reason"]
+    assert "**α_ℓ had not stopped moving by the stopping rule.**" in cv.answer(moving)
+    bound = _status(_synthetic(settled=False, change=np.nan, settled_reason="the last interval reaches a bound"))
+    assert bound["stopped"] == "undecided" and bound["alpha"] == "undecided"
+    open_ = _synthetic(uncertified=((16, 1),))
+    s = cv.verdict_rows(open_).set_index("key")
+    assert s.loc["certified", "status"] == "contradicted" and "ℓ = 16 seed 1 (gains +0.0500, +0.0300)" in \
+        s.loc["certified", "measured"]
+    assert (s.loc[["alpha", "alpha_sensitivity", "alpha_theta"], "status"] == "undecided").all()
+    text = cv.answer(open_)
+    assert "**15 of 16 members are certified**" in text and "ℓ = 16 seed 1 (+0.0500, +0.0300)" in text
+    assert "certified or not" in text
+
+
+def test_alpha_theta_needs_five_depths_and_a_t_interval_inside_its_region():
+    assert _status(_synthetic(theta=(1.0, 0.05, 4)))["alpha_theta"] == "undecided"
+    assert _status(_synthetic(theta=(2.5, 0.1, 5)))["alpha_theta"] == "contradicted"     # [2.18, 2.82]
+    wide = cv.verdict_rows(_synthetic(theta=(1.4, 0.2, 5))).set_index("key")              # [0.76, 2.04]
+    assert wide.loc["alpha_theta", "status"] == "undecided" and "straddles" in wide.loc["alpha_theta", "reason"]
+    t = cv.alpha_theta(_synthetic(theta=(1.0, 0.1, 5)))
+    assert t["lo"] == pytest.approx(1.0 - 3.182446 * 0.1, abs=1e-5) and t["boot_lo"] == pytest.approx(0.98)
+
+
+def test_the_sensitivity_row_reads_every_drop_one_refit():
+    s = cv.verdict_rows(_synthetic(drops={1: (8.0, 8.0, 8.0)})).set_index("key")
+    assert s.loc["alpha_sensitivity", "status"] == "undecided" and "without ℓ = 1" in s.loc["alpha_sensitivity",
+                                                                                          "reason"]
+    assert _status(_synthetic(drops={1: (2.6, 2.2, 3.0)}))["alpha_sensitivity"] == "contradicted"
+    summary = cv.sensitivity_summary(_synthetic(drops={1: (1.4, 1.1, 1.7), 16: (0.7, 0.5, 0.9)}))
+    assert (summary["drop_min"], summary["drop_min_without"], summary["drop_max"], summary["drop_max_without"]) == \
+        (0.7, 16, 1.4, 1)
+    text = cv.answer(_synthetic(drops={1: (1.4, 1.1, 1.7), 16: (0.7, 0.5, 0.9)}))
+    assert "Without ℓ = 1 it is 1.40 [1.10, 1.70]; leaving out one depth at a time it ranges from 0.70 (without " \
+           "ℓ = 16) to 1.40 (without ℓ = 1)" in text
+
+
+def test_the_repetition_row_needs_a_repeated_stream_and_a_rise_beyond_the_documents_spread():
+    assert _status(_synthetic(epochs=0.8))["repetition"] == "undecided"
+    assert "No training window repeated" in cv.answer(_synthetic(epochs=0.8))
+    rose = _synthetic(rise=0.3)
+    check = cv.repetition_check(rose).set_index("depth")
+    assert check.loc[16, "rise"] == pytest.approx(0.3) and check.loc[16, "rose"] and not check.loc[1, "rose"]
+    assert check.loc[16, "epochs_at_min"] == pytest.approx(2.3 * 0.8)
+    assert (check.loc[16, "rise_lo"], check.loc[16, "rise_hi"]) == (pytest.approx(0.3), pytest.approx(0.3))
+    assert _status(rose)["repetition"] == "contradicted"
+    assert "it started rising earliest at epoch 1.84 (ℓ = 16, seed 0), by up to 0.300 nats/token" in cv.answer(rose)
+    noisy = _synthetic(rise=0.05, noisy=True)
+    check = cv.repetition_check(noisy).set_index("depth")
+    assert check.loc[16, "rise_lo"] < 0 < check.loc[16, "rise_hi"] and not check.loc[16, "rose"]
+    assert _status(noisy)["repetition"] == "undecided"
+
+
+def test_the_continuations_row_and_the_budget_row():
+    moved = cv.verdict_rows(_synthetic(alpha=(1.0, 0.8, 1.2), main_end=(1.5, 1.3, 1.7))).set_index("key")
+    assert moved.loc["continuations", "status"] == "contradicted" and "0.500 ≥ 0.200" in moved.loc["continuations",
+                                                                                                   "reason"]
+    assert _status(_synthetic(main_end=(1.0, 0.3, 8.0)))["continuations"] == "undecided"   # no half-width at a bound
+    assert _status(_synthetic(deepest_tpp=15.0))["budget"] == "contradicted"
+    assert "(Chinchilla's 20: not met)" in cv.answer(_synthetic(deepest_tpp=15.0))
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The smoke profile's converged series (``depthlib lm --part converged --profile smoke``), trained in this
+    process in a cache of its own."""
+    old = os.environ.get("DEPTHLIB_CACHE_DIR")
+    os.environ["DEPTHLIB_CACHE_DIR"] = str(tmp_path_factory.mktemp("converged-smoke"))
+    try:
+        yield converged.run_converged(chapter.converged_config("smoke"), progress=False)
+    finally:
+        if old is None:
+            os.environ.pop("DEPTHLIB_CACHE_DIR")
+        else:
+            os.environ["DEPTHLIB_CACHE_DIR"] = old
+
+
+def test_the_smoke_runs_answer_and_verdict_follow_its_tables(smoke_run):
+    run = smoke_run
+    rows = cv.verdict_rows(run).set_index("key")
+    assert rows["status"].isin(cv.STATUSES).all()
+    m, stop = run.table("members"), run.table("stopping").iloc[0]
+    every = bool(m["certified"].all())
+    assert (rows.loc["certified", "status"] == "holds") == every
+    assert (rows.loc["stopped", "status"] == "holds") == bool(stop["settled"])
+    assert rows.loc["budget", "status"] == ("holds" if run.manifest["summary"]["floor"]["met"] else "contradicted")
+    assert rows.loc["repetition", "status"] == "undecided"                 # 20 steps: far under one epoch
+    assert rows.loc["alpha_theta", "status"] == "undecided"                # two depths with middle blocks
+    if not (every and stop["settled"]):
+        assert rows.loc["alpha", "status"] == "undecided"
+    text = cv.answer(run)
+    assert text.startswith("*(smoke profile: placeholder numbers.)*")
+    assert f"**{int(m['certified'].sum())} of {len(m)} members are certified**" in text and "undecided" in text
+    # the views agree with the run's own tables
+    points = cv.certified_losses(run)
+    np.testing.assert_allclose(points["val_loss"], m.groupby("depth")["val_loss"].mean(), rtol=1e-12)
+    assert (points["lo"] <= points["val_loss"] + 1e-12).all() and (points["val_loss"] <= points["hi"] + 1e-12).all()
+    rep = cv.repetition_check(run)
+    np.testing.assert_allclose(rep["rise"], run.table("repetition")["rise"], atol=1e-12)
+    point = run.table("fit_bootstrap").query("resample == 0").iloc[0]
+    grid = np.array([1.0, 2.0, 8.0])
+    np.testing.assert_allclose(cv.fit_curves(run, grid)["fit"], point["L_inf"] + point["c"] * grid ** -point["alpha"])
+
+
+def test_the_smoke_runs_figures_are_readable(smoke_run):
+    from depthlib import plots
+    from depthlib.plots import lm as figs
+    run = smoke_run
+    m = run.table("members")
+    final = cv.final_alpha(run)
+    assert final["tokens"] == m["tokens_certified"].max()
+    assert run.manifest["summary"]["alpha_l"]["value"] == pytest.approx(final["value"], abs=5e-5)
+    curves = cv.fit_curves(run)
+    assert curves["depth"].min() == pytest.approx(1) and curves["depth"].max() == pytest.approx(8)
+    shown = [figs.converged_alpha_trajectory(run.table("alpha_by_step"), cv.stopping(run), final),
+             figs.converged_repetition(cv.repetition_curves(run)),
+             figs.converged_loss_vs_depth(cv.certified_losses(run), m, curves, final),
+             figs.converged_alpha_sensitivity(run.table("sensitivity")),
+             figs.converged_angle_fit(cv.angle_points(run), cv.alpha_theta(run))]
+    for fig in shown:
+        assert plots.figure_problems(fig) == [], fig.layout.title.text
+        assert fig.layout.title.text and fig.layout.xaxis.title.text
+    assert len({t.legendgroup for t in shown[1].data}) == len(run.config["depths"])
+    settings = cv.settings_table(run, "smoke")["smoke profile"]
+    assert settings["depths ℓ"] == "1, 2, 4, 8" and settings["seeds per depth"] == 2
+    table = cv.members_table(run)
+    assert len(table) == len(m) and table["certified"].tolist() == m.sort_values(["depth", "seed"])[
+        "certified"].tolist()
