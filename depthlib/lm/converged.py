@@ -13,9 +13,9 @@ per parameter (:mod:`depthlib.lm.budget`), and then asks two things:
 2. is every member at its loss floor? (:mod:`depthlib.lm.continuation`: chapter 3's certificate — a re-warmed
    continuation of half the member's steps gains < 2 % — every gain recorded).
 
-The series' α_ℓ is fitted to the certified members' held-out losses, beside its drop-one-depth refits, and α_θ is
-fitted over the depths with middle blocks (ℓ ≥ 4: five depths) from the probes of :mod:`depthlib.probes` run on the
-certified members.
+The series' α_ℓ is fitted to every member's held-out losses at the end of its final stage (certified or not: the
+``members`` table says which), beside its drop-one-depth refits, and α_θ is fitted over the depths with middle blocks
+(ℓ ≥ 4: five depths) from the probes of :mod:`depthlib.probes` run on the members' final stages.
 
 A member (depth, seed) is a unit of work, resumable stage by stage: its main training and each continuation save a
 checkpoint at every evaluation (``units/<member>_ckpt_<stage>.pt``) and, when finished, the stage's weights and
@@ -34,11 +34,11 @@ table                     rows
                           main training (95 % paired bootstrap over held-out documents and seeds)
 ``alpha_by_step_seeds``   step, seed, alpha, L_inf, c, at_bound: each seed's own fit at each evaluation
 ``stopping``              one row: settled, change, half_width, from_step, to_step, done, n_certified, reason
-``fit``                   quantity (alpha, L_inf, c of the certified members; alpha_main_end; alpha_theta,
+``fit``                   quantity (alpha, L_inf, c of the members' final stages; alpha_main_end; alpha_theta,
                           alpha_theta_dh), value, lo, hi, se, n_depths, n_resamples, share_undefined_or_at_bound
-``fit_bootstrap``         resample, alpha, L_inf, c, rmse, at_bound (the certified members' losses)
+``fit_bootstrap``         resample, alpha, L_inf, c, rmse, at_bound (the members' final-stage losses)
 ``sensitivity``           fit (all depths, without ℓ = d for each d), n_depths, alpha, lo, hi, L_inf, c
-``angle_bootstrap``       resample, alpha, theta_mid_<ℓ> (the certified members' probes)
+``angle_bootstrap``       resample, alpha, theta_mid_<ℓ> (the members' probes)
 ``probe_layers``, ``probe_docs``, ``probe_summary``
                           the probes of :func:`depthlib.lm.series.probe_tables` on each certified member (no lenses;
                           stream_step in place of step)
@@ -271,9 +271,10 @@ def member_unit(config: dict, depth: int, seed: int, device: str = "cpu") -> str
 
 
 # ---- the run's tables ------------------------------------------------------------------------------------------
-def certified_doc_losses(doc_losses: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
-    """Each member's held-out losses per document at the end of its certified stage (the stage its loss is taken
-    from): depth, seed, doc_id, n_tokens, nll_sum, loss, step (0 for all, so the depth-law fits read one step)."""
+def final_doc_losses(doc_losses: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
+    """Each member's held-out losses per document at the end of its final stage (the stage its loss is taken from:
+    the one that certified it, or its last continuation if none did):
+    depth, seed, doc_id, n_tokens, nll_sum, loss, step (0 for all, so the depth-law fits read one step)."""
     best = members[["depth", "seed", "stage"]]
     last = doc_losses.merge(best, on=["depth", "seed", "stage"])
     last = last[last["step"] == last.groupby(["depth", "seed"])["step"].transform("max")]
@@ -281,7 +282,7 @@ def certified_doc_losses(doc_losses: pd.DataFrame, members: pd.DataFrame) -> pd.
 
 
 def sensitivity(cert_docs: pd.DataFrame, n_resamples: int, seed: int) -> pd.DataFrame:
-    """The certified members' depth law on all depths and without each depth in turn (ℓ = 1 first among them):
+    """The members' depth law (final stages) on all depths and without each depth in turn (ℓ = 1 first among them):
     fit, left_out (0: none), n_depths, alpha, lo, hi (95 % paired bootstrap), L_inf, c, share_undefined_or_at_bound."""
     depths = sorted(int(d) for d in cert_docs["depth"].unique())
     rows = []
@@ -360,7 +361,7 @@ def combine(cfg: ConvergedConfig, store: results.Run, data: TokenData, vocab: in
                                      "settled_reason": settled["reason"], "done": verdict["done"],
                                      "n_members": verdict["n_members"], "n_certified": verdict["n_certified"],
                                      "uncertified": "; ".join(verdict["uncertified"]), "reason": verdict["reason"]}])
-    cert_docs = certified_doc_losses(out["doc_losses"], out["members"])
+    cert_docs = final_doc_losses(out["doc_losses"], out["members"])
     out["fit_bootstrap"] = fit.bootstrap_depth_law(cert_docs, cfg.n_bootstrap, cfg.bootstrap_seed)
     out["sensitivity"] = sensitivity(cert_docs, cfg.step_bootstrap, cfg.bootstrap_seed)
     out["angle_bootstrap"] = fit.bootstrap_angle_exponent(out["probe_docs"], cfg.n_bootstrap, cfg.bootstrap_seed)
@@ -467,5 +468,5 @@ def run_converged(cfg: ConvergedConfig, device: str = "cpu", *, progress: bool =
     return results.Run.load(run.path)
 
 
-__all__ = ["EXPERIMENT", "MEMBER_TABLES", "ConvergedConfig", "certified_doc_losses", "combine", "member_unit",
+__all__ = ["EXPERIMENT", "MEMBER_TABLES", "ConvergedConfig", "final_doc_losses", "combine", "member_unit",
            "model_dir", "repetition", "run_converged", "sensitivity", "summary", "train_member", "unit_name"]

@@ -80,9 +80,9 @@ def certified_losses(source, level: float = 0.95) -> pd.DataFrame:
     mean over seeds of each seed's token-weighted loss) with a percentile interval from a paired bootstrap over
     held-out documents and seeds (the run's ``n_bootstrap`` and ``bootstrap_seed``): depth, val_loss, lo, hi,
     n_seeds, n_certified (members of the depth certified), n_docs."""
-    from depthlib.lm.converged import certified_doc_losses
+    from depthlib.lm.converged import final_doc_losses
     members = _table(source, "members")
-    docs = certified_doc_losses(_table(source, "doc_losses"), members)
+    docs = final_doc_losses(_table(source, "doc_losses"), members)
     cfg = _config(source)
     depths, nll, n = fit._cube(docs, "nll_sum", "n_tokens")
     draws, seeds = fit._resample_index(nll.shape[2], nll.shape[1], int(cfg.get("n_bootstrap", 1000)),
