@@ -125,7 +125,11 @@ def shown_runs(runs: Callable[..., dict[str, Run]], profile: str, **kwargs) -> d
     chapter's own ``runs``, called with :func:`chapter_run` finding but never computing, so a reader of the runs (the
     verdict) reads exactly what the notebook shows. Only a part found through :func:`chapter_run` is looked up this
     way: a ``runs`` that computes a missing run by another path (chapter 3's calibration, whose missing runs go to
-    an executor) must not be asked for that part."""
+    an executor) must not be asked for that part, and ``profile`` is a profile's name (a chapter computes custom
+    settings directly, never choosing among runs)."""
+    if not isinstance(profile, str):
+        raise InputError(f"only a profile's name is looked up, not custom settings ({type(profile).__name__})")
+    check_profile(profile)
     token = _LOOKING_UP.set(True)
     try:
         return runs(profile, **kwargs)

@@ -232,6 +232,8 @@ def test_looking_up_a_chapters_runs_computes_nothing(roots, monkeypatch):
         found = selection.shown_runs(chapter.module.runs, "cpu", **kwargs)
         assert found and all(run is None for run in found.values()), chapter.name
     assert not local.exists() or not any(local.iterdir())
+    with pytest.raises(InputError):                 # custom settings are computed directly: never looked up
+        selection.shown_runs(by_name("lm").module.runs, by_name("lm").module.PROFILES["smoke"])
     rows = verdict.verdict("cpu")
     assert all(r.status == "not tested here" and not r.note.startswith("its run") for r in rows)
 
