@@ -119,13 +119,19 @@ def chapter_run(experiment: str, profile: str, compute: Callable[[], Run], *,
 
 
 
+def looking_up() -> bool:
+    """Whether this call is inside :func:`shown_runs`: a chapter's ``runs`` that computes a missing run by a path of its
+    own (not :func:`chapter_run`) returns None for it instead."""
+    return _LOOKING_UP.get()
+
+
 def shown_runs(runs: Callable[..., dict[str, Run]], profile: str, **kwargs) -> dict[str, Run | None]:
     """What a chapter's ``runs(profile, **kwargs)`` returns (the runs its notebook shows, by part), without computing
     anything: each part is the run the one rule picks (:func:`shown_run`), or None where there is none. It is the
     chapter's own ``runs``, called with :func:`chapter_run` finding but never computing, so a reader of the runs (the
     verdict) reads exactly what the notebook shows. Only a part found through :func:`chapter_run` is looked up this
-    way: a ``runs`` that computes a missing run by another path (chapter 3's calibration, whose missing runs go to
-    an executor) must not be asked for that part, and ``profile`` is a profile's name (a chapter computes custom
+    way, or by a path that asks :func:`looking_up` first (chapter 3's calibration, whose missing runs go to an
+    executor), and ``profile`` is a profile's name (a chapter computes custom
     settings directly, never choosing among runs)."""
     if not isinstance(profile, str):
         raise InputError(f"only a profile's name is looked up, not custom settings ({type(profile).__name__})")

@@ -292,9 +292,7 @@ def _converged_summary(parts: dict[str, results.Run | None]) -> tuple[pd.DataFra
 
 def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib.toy import analysis, chapter
-    # the calibration part computes a missing run through an executor, not through the one rule's fallback, so
-    # :func:`shown_runs` may not ask for it: its two runs are looked up below with the chapter's own configs
-    parts = _shown("toy", profile, rerun, parts=tuple(p for p in chapter.SHOWN_PARTS if p != "calibration"))
+    parts = _shown("toy", profile, rerun, parts=chapter.SHOWN_PARTS)
     out: dict[str, list[Measurement]] = {}
     conv, conv_profile, protocol, word = _converged_summary(parts)
     if conv is not None:
@@ -316,10 +314,7 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                                    f"{int(r['n_students'])} students {word}",
                                                    converged=bool(r["n_converged"] == r["n_students"]))]
     elif "calibration" in chapter.SHOWN_PARTS:
-        cal = {kind: results.shown_run(chapter.CALIBRATION_EXPERIMENT, profile, rerun=rerun,
-                                       expected_config=lambda p, k=kind: chapter.calibration_config(p, k).to_dict())
-               for kind in chapter.CALIBRATION_KINDS.values()}
-        cal = {kind: run for kind, run in cal.items() if run is not None}
+        cal = {kind: run for kind, run in chapter.calibration_parts(parts).items() if run is not None}
         if cal:
             summary = chapter.calibration_summary(cal)
             for _, r in summary.iterrows():

@@ -219,7 +219,7 @@ def test_chapter3_prefers_a_certified_run_and_an_uncertified_student_decides_not
 
 def test_looking_up_a_chapters_runs_computes_nothing(roots, monkeypatch):
     """With no run anywhere, every chapter's shown parts look up as None and nothing is computed or opened (chapter
-    3's calibration part, computed through an executor, is looked up by the verdict itself)."""
+    3's calibration part, whose missing runs go to an executor, asks :func:`selection.looking_up` first)."""
     from depthlib import interventions, probes
     for module in (probes, interventions):          # the offline models' fingerprints, without converting them
         monkeypatch.setattr(module, "model_fingerprint", lambda model: f"test:{model}")
@@ -227,9 +227,7 @@ def test_looking_up_a_chapters_runs_computes_nothing(roots, monkeypatch):
     for chapter in (by_name(str(n)) for n in verdict.ADAPTERS):      # the book's chapters
         if chapter.name == "scaling" and "DEPTHLIB_DATA_DIR" not in os.environ:
             continue                                # its config holds the CSV's sha256
-        kwargs = ({"parts": tuple(p for p in toy_chapter.SHOWN_PARTS if p != "calibration")}
-                  if chapter.name == "toy" else {})
-        found = selection.shown_runs(chapter.module.runs, "cpu", **kwargs)
+        found = selection.shown_runs(chapter.module.runs, "cpu")
         assert found and all(run is None for run in found.values()), chapter.name
     assert not local.exists() or not any(local.iterdir())
     with pytest.raises(InputError):                 # custom settings are computed directly: never looked up

@@ -235,8 +235,9 @@ def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool
                      executor=None) -> dict[str, results.Run]:
     """The calibration runs chapter 3 shows for ``profile``, by kind (``tied``, ``independent``): the same rule
     as every chapter (:func:`depthlib.results.shown_run`, matched on each run's own config). Missing ones are
-    trained now, in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as units of it."""
-    from depthlib import executors
+    trained now, in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as units of it (None
+    instead inside :func:`depthlib.selection.shown_runs`)."""
+    from depthlib import executors, selection
     results.check_profile(profile)
     kinds = [CALIBRATION_KINDS[c.cells[0][0]] for c in PROFILES[profile].calibration]
     found = {}
@@ -245,7 +246,7 @@ def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool
             return PROFILES[prof].calibration[i].to_dict() if prof in PROFILES else None
         found[kind] = results.shown_run(CALIBRATION_EXPERIMENT, profile, expected_config=expected, rerun=rerun)
     missing = [kind for kind in kinds if found[kind] is None]
-    if missing:
+    if missing and not selection.looking_up():
         units = [executors.Unit(f"calibration-{kind}", "depthlib.toy.chapter:train_calibration",
                                 {"profile": profile, "kind": kind, "device": device}) for kind in missing]
         computed = executors.finished_runs(units, executor or executors.ExecutorConfig(), f"calibration ({profile})")
