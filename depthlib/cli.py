@@ -430,8 +430,9 @@ def _add_chapter_command(sub, chapter, full: bool = True) -> argparse.ArgumentPa
 
 
 def _given(args, flags: tuple[tuple[str, str], ...]) -> list[str]:
-    """The flags among ``flags`` ((dest, flag) pairs) given on the command line (their defaults are None or False)."""
-    return [flag for dest, flag in flags if getattr(args, dest, None) not in (None, False, [])]
+    """The flags among ``flags`` ((dest, flag) pairs) given on the command line (their defaults are None or False;
+    a value 0 was given)."""
+    return [flag for dest, flag in flags if (value := getattr(args, dest, None)) is not None and value is not False]
 
 
 def _fill(args, **defaults) -> None:

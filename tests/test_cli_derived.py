@@ -86,6 +86,8 @@ def test_profile_refuses_a_single_runs_flags_and_force(recorded, capsys):
     assert "computed in this process" in _one_line(capsys)
     assert cli.main(["scaling", "--set", "n_bootstrap=5"]) == 2          # --set changes a profile's runs
     assert "add --profile" in _one_line(capsys)
+    assert cli.main(["scaling", "--profile", "cpu", "--bootstrap", "0"]) == 2   # a flag given at 0 is given
+    assert "drop --bootstrap" in _one_line(capsys)
 
 
 def test_the_executor_reaches_the_runs(recorded, capsys):
