@@ -225,9 +225,12 @@ def test_an_interrupted_run_resumes_bit_for_bit_and_replays(cache, monkeypatch):
     assert len(reference["members"]) == len(TINY.units()) == 12
     m = whole.manifest
     assert m["replicates"] == 2 and m["n_sequences"] == str(4 * 2 ** 7)
-    assert m["held_out_overlap"] == unseen.held_out_overlap(
+    # the held-out set is drawn among the sequences no member may train on: a tiny grammar (Ω = 512) replaces many
+    # of its first draws, and the exact check after training finds none
+    raw = unseen.held_out_overlap(
         rhm.make_grammar(TINY.grammar), rhm.sample(rhm.make_grammar(TINY.grammar), np.arange(32), 1),
         [(s * TINY.span, (s + 1) * TINY.span) for s in TINY.seeds])["found"]
+    assert raw > 0 and m["held_out_overlap"] == 0 and m["held_out_replaced"] >= raw
     rep = chapter.replay(whole)
     assert len(rep) and np.array_equal(rep["committed"], rep["replayed"])
 
@@ -292,3 +295,259 @@ def test_cli_hierarchy_part_bad_input_is_one_line_exit_2(capsys, args, message):
     assert main(["compose", "--part", "hierarchy", "--profile", "smoke", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("depthlib compose: error:") and message in err[0], err
+
+
+# ---- the root task's certificate: the error, with the held-out set's resolution ----------------------------------
+def _scripted(monkeypatch, errors, excess=None):
+    """train_stage replaced by a script of root errors (and cross-entropies): each stage ends at the next value."""
+    script = iter(zip(errors, excess or [0.1] * len(errors)))
+    calls = []
+
+    def fake_stage(task, model, grammar, cfg, start, held, on_step=None, stop_at=None):
+        calls.append((start, cfg.steps))
+        before = getattr(model, "_m", (1.0, 1.0))
+        err, ce = next(script)
+        model._m = (err, ce)
+        curve = pd.DataFrame({"step": [0, cfg.steps], "val_loss": [before[1], ce], "excess": [before[1], ce],
+                              "accuracy": [1 - before[0], 1 - err]})
+        return curve, {"val_loss": ce, "excess": ce, "accuracy": 1 - err, "seconds": 0.0}
+
+    monkeypatch.setattr(certify, "train_stage", fake_stage)
+    return calls
+
+
+def test_the_root_certificate_reads_the_error_and_stops_at_zero_errors(monkeypatch):
+    """The root task certifies its held-out error: a member whose cross-entropy keeps halving (confidence) but whose
+    error reaches 0 is certified without a further continuation; one whose error stops falling by 3 or more held-out
+    sequences is certified; one still fixing many is not."""
+    held = certify.HeldOut(torch.zeros((100, 4), dtype=torch.long), torch.zeros(100, dtype=torch.long),
+                           np.zeros((100, 4)))
+    train = TrainConfig(steps=100, batch_size=4, evals=10)
+    cert = certify.Certificate(max_continuations=3)
+    assert cert.floor("root", 100) == pytest.approx(0.03) and cert.floor("leaf", 100) == cert.resolution
+    calls = _scripted(monkeypatch, [0.05, 0.02, 0.0], [0.14, 0.07, 0.0002])
+    rec = certify.certify_member("root", torch.nn.Linear(1, 1), None, train, cert, 0, held)
+    assert rec["certified"] and len(calls) == 3 and rec["best_stage"] == "c2"        # no c3: nothing left to lower
+    assert rec["gains"] == pytest.approx([0.6, 1.0])
+    st = rec["stages"]
+    assert list(st["certified_quantity"]) == ["error"] * 3 and st["error"].iloc[-1] == 0.0
+    # an error that falls by fewer than 3 of the 100 held-out sequences: certified (below the resolution)
+    _scripted(monkeypatch, [0.30, 0.20, 0.18])
+    rec = certify.certify_member("root", torch.nn.Linear(1, 1), None, train, cert, 0, held)
+    assert rec["certified"] and rec["gains"] == pytest.approx([1 / 3, 0.1])
+    # an error still falling by 10 %+ of itself and by ≥ 3 sequences each time: not certified, every gain reported
+    _scripted(monkeypatch, [0.60, 0.50, 0.40, 0.30])
+    rec = certify.certify_member("root", torch.nn.Linear(1, 1), None, train, cert, 0, held)
+    assert not rec["certified"] and len(rec["gains"]) == 3
+    # a member with no error after its main stage is certified at once
+    calls = _scripted(monkeypatch, [0.0])
+    rec = certify.certify_member("root", torch.nn.Linear(1, 1), None, train, cert, 0, held)
+    assert rec["certified"] and rec["gains"] == [] and len(calls) == 1
+
+
+def test_held_out_draws_avoid_every_training_sequence():
+    g = rhm.make_grammar(rhm.RHMConfig(3, 2, 2, 2, seed=1))                # Ω = 3·2³ = 24: most draws are seen
+    ranges = [(0, 20), (100, 110)]
+    idx, replaced = unseen.unseen_indices(g, 10, 1, ranges)
+    held = rhm.sample(g, idx, 1)
+    assert len(idx) == 10 and len(set(idx.tolist())) == 10 and replaced > 0
+    assert unseen.held_out_overlap(g, held, ranges)["found"] == 0
+    first = unseen.held_out_overlap(g, rhm.sample(g, np.arange(10), 1), ranges)["found"]
+    assert first > 0                                                       # the first draws would have been seen
+    with pytest.raises(InputError, match="too few sequences") as err:      # every sequence is trained on
+        unseen.unseen_indices(g, 5, 1, [(0, 5000)], max_rounds=5)
+    assert "\n" not in str(err.value)
+
+
+# ---- exponents after every round ------------------------------------------------------------------------------------
+def test_rounds_keep_each_members_best_stage_so_far():
+    stages = pd.DataFrame([
+        # a leaf member that gains at c1 and loses at c2, and one certified after c1 (no c2)
+        {"task": "leaf", "family": "untied", "depth": 1, "seed": 0, "stage": "main", "sample_start": 0,
+         "sample_stop": 100, "excess": 0.4, "error": np.nan, "value": 0.4},
+        {"task": "leaf", "family": "untied", "depth": 1, "seed": 0, "stage": "c1", "sample_start": 100,
+         "sample_stop": 150, "excess": 0.3, "error": np.nan, "value": 0.3},
+        {"task": "leaf", "family": "untied", "depth": 1, "seed": 0, "stage": "c2", "sample_start": 150,
+         "sample_stop": 225, "excess": 0.35, "error": np.nan, "value": 0.35},
+        {"task": "root", "family": "untied", "depth": 2, "seed": 0, "stage": "main", "sample_start": 0,
+         "sample_stop": 100, "excess": 0.2, "error": 0.05, "value": 0.05},
+        {"task": "root", "family": "untied", "depth": 2, "seed": 0, "stage": "c1", "sample_start": 100,
+         "sample_stop": 150, "excess": 0.01, "error": 0.0, "value": 0.0}])
+    r = fits.by_round(stages)
+    leaf = r[r["quantity"] == "leaf excess"].set_index("round")
+    assert list(leaf["value"]) == [0.4, 0.3, 0.3] and list(leaf["sequences"]) == [100, 150, 225]
+    root = r[r["quantity"] == "root error"].set_index("round")
+    assert list(root["value"]) == [0.05, 0.0, 0.0] and list(root["sequences"]) == [100, 150, 150]
+    ce = r[r["quantity"] == "root cross-entropy"].set_index("round")
+    assert list(ce["value"]) == [0.2, 0.01, 0.01]
+
+
+# ---- the views: the status rules on tables with known answers --------------------------------------------------------
+FAMS = ("untied", "looped", "tied")
+DEPTHS = (1, 2, 3, 4, 6, 8)
+
+
+def _source(leaf_law, root_law=lambda d: 0.2 * d ** -0.8, *, certified=True, overlap=0, ngram_excess=0.1,
+            drift=(1.0, 1.0), seeds=(0, 1, 2), noise=0.02):
+    """The tables of a synthetic hierarchy run: every family at DEPTHS, next-leaf excess leaf_law(ℓ) and root error
+    root_law(ℓ) (× a per-member noise), after a main stage and one continuation whose value is the main one ×
+    drift[1] / drift[0] (drift = (1, 1): the continuation gains nothing), n-gram tables whose best excess is
+    ``ngram_excess``, and the fits the run makes (:func:`depthlib.compose.hierarchy.fit_tables`)."""
+    rng = np.random.default_rng(1)
+    cfg = dataclasses.replace(hierarchy.HierarchyConfig("cpu"), seeds=tuple(seeds))
+    members, stages = [], []
+    for s in seeds:
+        for task, law in (("leaf", leaf_law), ("root", root_law)):
+            for f in FAMS:
+                for d in DEPTHS:
+                    if f == "looped" and d < 3:
+                        continue
+                    final = float(law(d) * np.exp(noise * rng.standard_normal()))
+                    main = final * drift[0] / drift[1]
+                    key = {"task": task, "family": f, "depth": d, "seed": s}
+                    err = lambda v: v if task == "root" else np.nan   # noqa: E731
+                    for stage, v, a, b in (("main", main, 0, 64_000), ("c1", final, 64_000, 96_000)):
+                        stages.append({**key, "stage": stage, "sample_start": a, "sample_stop": b,
+                                       "excess": v if task == "leaf" else 3 * v, "error": err(v), "value": v})
+                    gain = (main - final) / main
+                    members.append({**key, "excess": final if task == "leaf" else 3 * final,
+                                    "accuracy": 1 - final if task == "root" else np.nan, "error": err(final),
+                                    "certified": certified, "continuations": 1, "last_gain": gain,
+                                    "gains": f"{gain:+.4f}", "samples": 96_000})
+    members, stages = pd.DataFrame(members), pd.DataFrame(stages)
+    ngram_rows = pd.DataFrame([{"context": c, "excess": ngram_excess * (1 + 1 / (c + 1)), "excess_se": 0.001,
+                                "n_train": 96_000} for c in range(4)])
+    return {"members": members, "stages": stages, "ngram": ngram_rows, **hierarchy.fit_tables(cfg, members, stages),
+            "config": cfg.to_dict(), "manifest": {"held_out_overlap": overlap, "held_out_replaced": 0,
+                                                 "training_sequences": 288_000, "expected_overlap": 0.07}}
+
+
+def _status(source) -> dict:
+    from depthlib.compose import hierarchy_views as hv
+    rows = hv.verdict_rows(source)
+    assert set(rows["status"]) <= set(hv.STATUSES) and rows["key"].is_unique
+    return dict(zip(rows["key"], rows["status"]))
+
+
+def test_status_rules_on_an_ensemble_law_with_certified_members():
+    """E = 0.05·ℓ^−1 on every family, every member certified, the best n-gram 4× above the deepest member, no held-out
+    sequence seen, the last round moving nothing: α_ℓ ≈ 1 lies inside α_ℓ < 2 (holds); a straight line has no change
+    in slope and its intervals are narrow (contradicted: no threshold)."""
+    st = _status(_source(lambda d: 0.05 / d, ngram_excess=0.05 / 8 * 4))
+    assert st["unseen"] == st["needs_hierarchy"] == st["certified"] == st["exponent_settled"] == "holds"
+    assert st["leaf_alpha"] == st["leaf_alpha_reused"] == st["root_alpha"] == "holds"
+    assert st["leaf_break"] == st["root_break"] == "contradicted"
+
+
+def test_status_rules_on_a_threshold_at_L_and_on_a_steep_law():
+    """A steep fall up to L = 5 then a flat one (a change of 2.5 in slope at the grammar's depth): the change in slope
+    near L holds on both tasks, and the single exponent is not shown (leaving out a depth moves it), so the α rows are
+    undecided. A steep power law E ∝ ℓ^−3 everywhere: every α row is contradicted (wholly above 2)."""
+    from depthlib.compose import hierarchy_views as hv
+    law = lambda d: np.where(d <= 5, 0.5 * d ** -3.0, 0.5 * 5 ** -2.5 * d ** -0.5)   # noqa: E731
+    src = _source(law, root_law=law, ngram_excess=0.1)
+    st = _status(src)
+    assert st["leaf_break"] == st["root_break"] == "holds"
+    assert st["leaf_alpha"] == st["root_alpha"] == "undecided"
+    assert "not shown" in hv.verdict_rows(src).set_index("key").loc["leaf_alpha", "reason"]
+    steep = _status(_source(lambda d: 0.5 * d ** -3.0, root_law=lambda d: 0.5 * d ** -3.0, ngram_excess=0.1))
+    assert steep["leaf_alpha"] == steep["leaf_alpha_reused"] == steep["root_alpha"] == "contradicted"
+    assert steep["leaf_break"] == "contradicted"                            # a straight line: no threshold anywhere
+
+
+def test_status_rules_that_need_no_certificate_and_those_that_do():
+    """Members not certified (the continuation still gains 20 %): the certificate is contradicted, every exponent and
+    slope-change row is undecided; the held-out check, the baseline and the rounds rule still decide. A seen
+    held-out sequence contradicts the control; networks no better than the n-gram table contradict 'needs the
+    hierarchy'; a tie in between is undecided."""
+    from depthlib.compose import hierarchy_views as hv
+    src = _source(lambda d: 0.05 / d, certified=False, drift=(1.0, 0.8), overlap=1, ngram_excess=0.001)
+    st = _status(src)
+    assert st["certified"] == "contradicted" and st["unseen"] == "contradicted"
+    assert st["needs_hierarchy"] == "contradicted"
+    for key in ("leaf_alpha", "leaf_alpha_reused", "root_alpha", "leaf_break", "root_break"):
+        assert st[key] == "undecided", key
+    rows = hv.verdict_rows(src).set_index("key")
+    assert "not certified" in rows.loc["leaf_alpha", "reason"]
+    # a drift that grows with depth moves the exponent round to round: the rounds rule says so
+    moving = _source(lambda d: 0.05 / d, certified=False, drift=(1.0, 1.0))
+    moving["stages"] = moving["stages"].assign(value=lambda t: np.where(
+        t["stage"] == "main", t["value"] * t["depth"] ** 0.5, t["value"]))
+    moving["stages"]["excess"] = np.where(moving["stages"]["task"] == "leaf", moving["stages"]["value"],
+                                          moving["stages"]["excess"])
+    moving.update(hierarchy.fit_tables(hierarchy.HierarchyConfig.from_dict(moving["config"]), moving["members"],
+                                       moving["stages"]))
+    assert _status(moving)["exponent_settled"] == "contradicted"
+    # the n-gram table only somewhat above the networks: neither far above nor no better
+    assert _status(_source(lambda d: 0.05 / d, ngram_excess=0.05 / 8 * 1.3))["needs_hierarchy"] == "undecided"
+
+
+def test_the_answer_states_every_rows_status(monkeypatch):
+    from depthlib.compose import hierarchy_views as hv
+    src = _source(lambda d: 0.05 / d, certified=False, drift=(1.0, 0.8))
+    text = hv.answer(src)
+    rows = hv.verdict_rows(src)
+    decided, _, undecided = text.partition("**Undecided:**")
+    for r in rows.itertuples():
+        if r.status == "undecided":
+            assert r.claim in undecided, r.key
+        else:
+            assert f"{r.claim} — **{r.status}**" in decided, r.key
+    assert f"**0 of {len(src['members'])} members are certified**" in text
+
+
+# ---- the smoke run: the views, the figures and the answer on a real run -------------------------------------------
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The smoke profile's hierarchy part (``depthlib compose --part hierarchy --profile smoke``), in a cache of its
+    own, one worker."""
+    import os
+
+    from depthlib.compose import chapter
+    old = os.environ.get("DEPTHLIB_CACHE_DIR")
+    os.environ["DEPTHLIB_CACHE_DIR"] = str(tmp_path_factory.mktemp("hierarchy-smoke"))
+    try:
+        yield chapter.compute(chapter.PROFILES["smoke"].hierarchy, progress=False, jobs=1)
+    finally:
+        if old is None:
+            os.environ.pop("DEPTHLIB_CACHE_DIR")
+        else:
+            os.environ["DEPTHLIB_CACHE_DIR"] = old
+
+
+def test_smoke_run_views_figures_and_answer(smoke_run):
+    from depthlib import plots
+    from depthlib.compose import hierarchy_views as hv
+    from depthlib.plots import compose as figs
+    run = smoke_run
+    members = run.table("members")
+    assert {"fit_rounds", "break_rounds"} <= {p.stem for p in run.path.glob("*.parquet")}
+    assert run.manifest["held_out_overlap"] == 0
+    assert hv.settings_table(run, "smoke").shape[1] == 1
+    cert = hv.certification_table(run)
+    assert cert["certified"].sum() == members["certified"].sum() and cert["members"].sum() == len(members)
+    losses = hv.loss_table(run)
+    assert set(losses["quantity"]) == {"leaf excess", "root cross-entropy", "root error"}
+    L = int(run.config["grammar"]["L"])
+    best = float(run.table("ngram")["excess"].min())
+    for fig in (figs.hierarchy_loss_vs_depth(losses, "leaf excess", L, best),
+                figs.hierarchy_loss_vs_depth(losses, "root error", L),
+                figs.hierarchy_loss_vs_depth(losses, "root cross-entropy", L),
+                figs.hierarchy_ngram(hv.baseline_table(run)),
+                figs.hierarchy_gains(hv.gains_table(run), run.config["certificate"]["gain_below"]),
+                figs.hierarchy_alpha_by_round(hv.round_table(run), "leaf excess"),
+                figs.hierarchy_slopes(run.table("fit_slopes"), "leaf excess", L)):
+        assert plots.figure_problems(fig) == [], fig.layout.title.text
+    for table in (hv.exponent_table(run), hv.slope_change_table(run), hv.round_table(run)):
+        assert len(table)
+    rows = hv.verdict_rows(run)
+    assert list(rows.columns) == ["key", "claim", "prediction", "would_contradict", "measured", "status", "reason"]
+    assert hv.verdict_table(run).index.is_unique
+    text = hv.answer(run)
+    assert text.startswith("*(smoke profile: placeholder numbers.)*")
+    assert f"**{int(members['certified'].sum())} of {len(members)} members are certified**" in text
+    decided, _, undecided = text.partition("**Undecided:**")
+    for r in rows.itertuples():
+        assert (r.claim in undecided) if r.status == "undecided" else (f"{r.claim} — **{r.status}**" in decided)
+    certified_row = rows.set_index("key").loc["certified"]
+    assert certified_row["status"] == ("holds" if members["certified"].all() else "contradicted")

@@ -85,22 +85,40 @@ class ComposeProfile(Profile):
 #: The hierarchy part (:mod:`depthlib.compose.hierarchy`; why this grammar: that module's measurement): cpu:
 #: the grammar (4, 2, 2, 5) — 32 leaves, Ω = 8.6·10⁹ sequences — both tasks, three families at effective depths 1, 2,
 #: 3, 4, 6, 8 (looped from 3; below and above L = 5), three replicates, width 32, 1000 steps × 64 fresh sequences per
-#: main stage, continuations of 500 steps (at most 2), so at most 128 000 sequences per member (the n-gram tables get
-#: as many). Timed slice (300 steps per member on this 2-core machine while another 2-process job ran, load average
-#: 3–7): the untied member at ℓ = 8 took 100 ms per step (next leaf) and 106 ms (root), at ℓ = 1 17 ms: 5.5 ms + 11.8
-#: ms per block application; a held-out evaluation (2 048 sequences) 0.02 s + 0.15 s per block, the diagnostics
-#: 0.7 s per block, the n-gram tables 31 s, the exact held-out check 2 s. 16 members per task and replicate (Σℓ = 69),
-#: 96 in all, on two 1-thread workers: 53 min without continuations, 81 min with one each, 109 min if every member
-#: runs both — the likely case: the untied ℓ = 4 members measured in full both did (next-leaf excess 0.0358 → 0.0248
-#: → 0.0185, gains 31 % and 25 %; root cross-entropy 0.140 → 0.069 → 0.0002, accuracy 0.947 → 0.978 → 1.000) and
-#: end *not certified*, with their gains: at this budget the members are still learning from fresh samples.
+#: main stage, then at most **3** continuations, each half the member's steps so far (500, 750, 1120 steps): at most
+#: 3370 steps and 215 680 sequences a member (the n-gram tables get as many), 96 members.
+#: *Why this design and not fewer members with more steps* (measured on this 2-core machine while a 2-process job ran,
+#: one process, one thread, about 9 CPU minutes in all): at this budget no next-leaf member certifies, and more steps
+#: per member do not change that. The next-leaf excess falls as a power of the sequences seen, about N^−0.7 from
+#: 64 000 to 288 000 (untied ℓ = 4: 0.0358 at 64 k, 0.0248 at 96 k, 0.0185 at 144 k; a main stage of 3000 steps,
+#: 192 k: 0.0165, then 0.0125 at 288 k), whether the sequences come in one schedule or in continuations, so a
+#: continuation of half the steps so far (1.5× the sequences) gains 1 − 1.5^−0.7 ≈ 25 % at any length: measured 31 % and
+#: 25 % after a 1000-step main stage and still 24 % after a 3000-step one (tied ℓ = 3: 29, 21, 25 %; even the untied
+#: ℓ = 1 member, near its capacity, gains 3.6, 3.5, 3.6 %: N^−0.09). Certifying (< 2 % a continuation) needs a local
+#: exponent below 0.05 — a floor no member is near — so tripling the steps of fewer members (e.g. depths 2, 4, 6, 8)
+#: would buy lower losses, not certificates, and would lose the looped family's fits (they need four depths ≥ 3) or
+#: ℓ = 1. The root task certifies its error (:mod:`depthlib.compose.certify`): untied root members measured
+#: 0.276 → 0.243 → 0.205 → 0.185 (ℓ = 1; gains 12, 16, 10 %: not certified), 0.043 → 0.027 → 0.014 → 0.009 (ℓ = 2:
+#: 37, 49, 36 %), 0.053 → 0.022 → 0 (ℓ = 4: no error left, certified) and 0.187 → 0.096 → 0.019 → 0.020 (ℓ = 8: the
+#: third continuation fixed nothing, certified). So the run keeps the whole grid and spends its time on a third
+#: continuation: α_ℓ is then measured after every round, at 64 000, 96 000, 144 000 and 215 680 sequences a member
+#: (``fit_rounds``), which says whether the exponent still moves with training when the losses are not certified —
+#: the report this budget can honestly make (members *not certified*, with their gains).
+#: *Wall time* (``benchmarks/bench_compose_hierarchy.py``: 200-step slices through the run's code, CPU seconds of one
+#: thread; load average 6 on the 2 cores while it ran): a step costs 0.8 ms + 6.2 ms per block application (next
+#: leaf; root 0.6 + 6.0), a held-out evaluation (2 048 sequences) 0.08 s at ℓ = 1 and 0.45–0.56 s at ℓ = 8, the
+#: diagnostics 2.3 s and the root edits 1.3 s at ℓ = 8, the held-out draw 1.6 s and the grammar's unit (n-gram tables
+#: on 215 680 sequences) 19 s. Scheduled deepest first on two one-thread workers: **84 min** if every member runs all
+#: three continuations (74 min if the root members from ℓ = 4 stop one earlier, as measured), against 57 min for the
+#: same run with two continuations; that needs two cores of its own — while another 2-process job shares them each
+#: worker gets about 40 % of a core (measured), and the run takes about 3.4 h. Resumable member by member.
 #: paper (a GPU; not measured: no GPU in this session; ``compute(PROFILES["paper"].hierarchy, device="cuda")``): the
 #: grammar (8, 4, 2, 5) — m/v = 1/2 at v = 8, whose top level needs far more samples than the cpu budget; Ω = 3.7·10¹⁹,
-#: so five replicates' 51 M draws share about 10⁻⁸ sequences with the 8 192 held-out ones — width 128, depths 1–16 (5
-#: and 10 among them), five replicates, 20 000 steps × 256 (continuations of 10 000, at most 2: ≤ 10.2 M sequences
-#: per member; the n-gram tables on as many, tens of CPU minutes): 28 members per task and replicate, Σℓ = 198; at an
-#: assumed 1 ms per block application per step (launch-bound at width 128) about 22 h if every member runs both
-#: continuations, less with several workers sharing the GPU (``jobs``).
+#: so five replicates' 58 M draws would share about 10⁻⁸ sequences with the 8 192 held-out ones — width 128, depths
+#: 1–16 (5 and 10 among them), five replicates, 20 000 steps × 256 (continuations of half the steps so far, at most 2:
+#: 10 000 + 15 000, ≤ 11.5 M sequences per member; the n-gram tables on as many, tens of CPU minutes): 28 members per
+#: task and replicate, Σℓ = 198; at an assumed 1 ms per block application per step (launch-bound at width 128) about
+#: 25 h if every member runs both continuations, less with several workers sharing the GPU (``jobs``).
 PROFILES: dict[str, ComposeProfile] = {
     "smoke": ComposeProfile("smoke", ComposeConfig(
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
@@ -121,7 +139,8 @@ PROFILES: dict[str, ComposeProfile] = {
                           LoopedToyConfig("cpu", ConvergedConfig(
                               "cpu", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48),
                               steps_deepest=3_000), continuations=0),
-                          TextConfig("cpu"), HierarchyConfig("cpu")),
+                          TextConfig("cpu"),
+                          HierarchyConfig("cpu", certificate=Certificate(max_continuations=3))),
     "paper": ComposeProfile("paper", ComposeConfig(
         "paper", grammar=RHMConfig(v=16, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24),
         seeds=(0, 1, 2, 3, 4), model=ModelConfig(d_model=128, n_heads=4),

@@ -18,7 +18,10 @@ rest on one depth, so every fit comes with these checks:
   (log ℓ, log E) with a free break ℓ_b (:func:`two_segment`), its slope change Δ = α_after − α_before with a percentile
   bootstrap over replicates (the break re-fitted in every resample) and a t interval over replicates with the break
   held at its estimate. Composition predicts a break near the grammar's depth L (E falls faster once ℓ ≥ L can
-  hold one level per block, or stops falling once the tree is parsed): Δ's interval excludes 0 and ℓ_b's contains L.
+  hold one level per block, or stops falling once the tree is parsed): Δ's interval excludes 0 and ℓ_b's meets the
+  stretch of the depth grid around L (:func:`near`);
+* :func:`by_round`, :func:`round_fits` — the same fits after every round of continuations (each member's best stage
+  so far), so that a run whose members are not certified still says whether more training moves its exponents.
 """
 from __future__ import annotations
 
@@ -162,11 +165,22 @@ def _fixed_break_change(depths, values, brk: float) -> float:
     return float(coef[1] - coef[2])
 
 
+def near(depths, L: int) -> tuple[float, float]:
+    """The stretch of the depth grid around the grammar's depth ``L``: from the largest measured depth below L to the
+    smallest above it (L's own neighbours when L is measured; an end of the grid where there is none), the finest
+    that a break between measured depths can be placed."""
+    d = np.asarray(sorted({float(x) for x in depths}))
+    below, above = d[d < L], d[d > L]
+    return (float(below.max()) if len(below) else float(d.min())), (float(above.min()) if len(above) else float(d.max()))
+
+
 def slope_change(long: pd.DataFrame, L: int, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Per (quantity, family) with ≥ 4 depths and ≥ 2 replicates, every value > 0: :func:`two_segment` on the mean
     over replicates of log E at each depth, and its intervals: a percentile bootstrap over replicates (resampled with
     replacement, break re-fitted; ``change_lo/hi``, ``break_lo/hi``) and a t interval over replicates of the change
     with the break held at its estimate (``change_t_lo/hi``). ``changes``: both intervals exclude 0; ``break_at_L``:
+    the break's interval meets ``near_lo … near_hi``, the measured depths on either side of ``L`` (:func:`near`: the
+    grid cannot place a break more finely); ``break_contains_L``: the interval contains ``L`` itself.
     the break's interval contains the grammar's depth ``L``."""
     rows = []
     for (quantity, family), g in long.groupby(["quantity", "family"], sort=False):
@@ -183,6 +197,7 @@ def slope_change(long: pd.DataFrame, L: int, n_boot: int = 1000, seed: int = 0) 
         brk = np.array([b["break"] for b in boot])
         q = ((1 - LEVEL) / 2, (1 + LEVEL) / 2)
         per = [_fixed_break_change(depths, np.exp(r), point["break"]) for r in logs]
+        near_lo, near_hi = near(depths, L)
         _, t_lo, t_hi, n = mean_interval(per, LEVEL)
         c_lo, c_hi = (float(v) for v in np.quantile(change, q))
         b_lo, b_hi = (float(v) for v in np.quantile(brk, q))
@@ -190,9 +205,58 @@ def slope_change(long: pd.DataFrame, L: int, n_boot: int = 1000, seed: int = 0) 
                      "change_lo": c_lo, "change_hi": c_hi, "change_t_lo": t_lo, "change_t_hi": t_hi,
                      "replicates": n, "n_depths": len(depths), "n_boot": int(n_boot),
                      "changes": bool((c_lo > 0 or c_hi < 0) and (t_lo > 0 or t_hi < 0)),
-                     "break_at_L": bool(b_lo <= L <= b_hi)})
+                     "near_lo": near_lo, "near_hi": near_hi, "break_at_L": bool(b_lo <= near_hi and b_hi >= near_lo),
+                     "break_contains_L": bool(b_lo <= L <= b_hi)})
     return pd.DataFrame(rows)
 
 
-__all__ = ["BREAK_GRID", "QUANTITIES", "exponents", "local_slopes", "quantities", "slope_change", "stability",
-           "two_segment"]
+def _round(stage: str) -> int:
+    """The round a stage belongs to: main 0, continuation ck k."""
+    return 0 if stage == "main" else int(stage.removeprefix("c"))
+
+
+def by_round(stages: pd.DataFrame) -> pd.DataFrame:
+    """The long table of :func:`quantities` after every round of continuations: quantity, family, depth, seed, round,
+    value, sequences. At round r each member is its best stage so far by its certified value (the stage a member
+    would end on had it stopped there; a member that stopped earlier keeps its best); ``sequences`` is the training
+    sequences the member's stages up to round r drew."""
+    key = ["task", "family", "depth", "seed"]
+    st = stages.assign(round=stages["stage"].map(_round))
+    last = int(st["round"].max())
+    rows = []
+    for (task, family, depth, seed), g in st.groupby(key, sort=False):
+        g = g.sort_values("round")
+        best, drawn = None, 0
+        for r in range(last + 1):
+            here = g[g["round"] == r]
+            if len(here):
+                row = here.iloc[0]
+                drawn += int(row["sample_stop"] - row["sample_start"])
+                if best is None or row["value"] < best["value"]:
+                    best = row
+            values = ({"leaf excess": best["excess"]} if task == "leaf" else
+                      {"root cross-entropy": best["excess"], "root error": best["error"]})
+            rows += [{"quantity": q, "family": family, "depth": int(depth), "seed": int(seed), "round": r,
+                      "value": float(v), "sequences": drawn} for q, v in values.items()]
+    return pd.DataFrame(rows)
+
+
+def round_fits(rounds: pd.DataFrame, L: int, n_boot: int = 1000) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`stability` and :func:`slope_change` on the table of :func:`by_round` at every round (column ``round``,
+    and ``sequences``: the most training sequences a member had drawn by then): whether more training still moves the
+    exponents and the change in slope, whatever the certificate says."""
+    stab, brk = [], []
+    for r, g in rounds.groupby("round", sort=True):
+        seqs = g.groupby("quantity")["sequences"].max()
+        long = g.drop(columns=["round", "sequences"])
+        s = stability(exponents(long))
+        stab.append(s.assign(round=int(r), sequences=s["quantity"].map(seqs).astype(int)))
+        b = slope_change(long, L, n_boot)
+        if len(b):
+            brk.append(b.assign(round=int(r), sequences=b["quantity"].map(seqs).astype(int)))
+    return (pd.concat(stab, ignore_index=True),
+            pd.concat(brk, ignore_index=True) if brk else pd.DataFrame(columns=["quantity", "family", "round"]))
+
+
+__all__ = ["BREAK_GRID", "QUANTITIES", "by_round", "exponents", "local_slopes", "near", "quantities",
+           "round_fits", "slope_change", "stability", "two_segment"]

@@ -26,21 +26,24 @@ steps × 64; the best n-gram over 1 … T − 1 previous leaves; excess over the
 (8, 2, 2, 4) fails (i): Ω = 262 144, so training covers 39 % of it; its long n-grams memorise it. Raising m to 4 fixes
 (i) but fails (iii): at 128 000 sequences a depth-4 member (0.114) does not beat the 5-previous-leaf table (0.103)
 (width 64: 0.113). One level more fixes both with m = 2: at L = 5 the sequences are 32 leaves, Ω ≥ 8.6·10⁹ (the
-cpu run's three replicates draw at most 384 000 sequences, which share 0.09 with its 2 048 held-out ones in
-expectation; the run counts them exactly), the tables starve (the whole-prefix table is *worse* than the 11-leaf one)
+cpu run's three replicates draw at most 647 040 sequences, which a uniform draw of 2 048 held-out ones would share
+0.15 of in expectation; the run draws its held-out set among the sequences no member may train on and counts the
+overlap exactly after training), the tables starve (the whole-prefix table is *worse* than the 11-leaf one)
 and a depth-6 member is already 1.7× below the best table with fewer samples, still falling. v = 4 (m/v = 1/2: a
 leaf's right neighbour is one of about m = 2 of v = 4 symbols) beat v = 8 (1.7× against 1.4× below the best table)
 and is the cpu grammar. With the cpu profile's own schedule an untied ℓ = 4 member reached 0.036 after its main stage
-(64 000 sequences) and 0.019 after two continuations (128 000), half the best table's excess on as many sequences.
+(64 000 sequences) and 0.019 after two continuations (144 000), half the best table's excess on as many sequences.
 These measurements took a few minutes of CPU; the run's ``ngram`` table repeats the baseline on exactly the members'
 sample count.
 
-**Tasks** (:mod:`depthlib.compose.certify`): next-leaf prediction (excess over the exact Bayes loss) and root
-classification (:mod:`depthlib.compose.roots`: cross-entropy, whose Bayes value is 0, and accuracy); **families**
+**Tasks** (:mod:`depthlib.compose.certify`): next-leaf prediction (excess over the exact Bayes loss, certified) and
+root classification (:mod:`depthlib.compose.roots`: the error 1 − accuracy, certified, and the cross-entropy, whose
+Bayes value is 0, recorded beside it; why the error: :mod:`depthlib.compose.certify`); **families**
 untied, looped and fully tied (:mod:`depthlib.compose.model`) at effective depths below and above L; **replicates**
 differ in initialisation and training samples (replicate r draws the training-stream indices r·span … (r + 1)·span − 1,
 its main stage first, then its continuations; every member of a replicate sees the same sequences). Every member is
-certified by the book's continuation rule (:data:`depthlib.certificate.GAIN_BELOW`). A member is a unit of work
+certified by the book's continuation rule (:data:`depthlib.certificate.GAIN_BELOW`), or reported not certified with
+every continuation's gain. A member is a unit of work
 whose tables are written to ``units/`` as soon as it is done (``jobs`` worker processes, one torch thread each), so an
 interrupted run resumes at the next member; the grammar's own tables are one more unit. When every unit is done:
 
@@ -50,10 +53,12 @@ table              rows
 ``grammar``        the grammar: v, m, s, L, length, Ω, Bayes loss, log v, the n-gram sample count
 ``ngram``          per context size (previous leaves, 0 … T − 1): β, held-out loss, excess over Bayes, its s.e.
 ``root_bayes``     the Bayes root classifier from the first t leaves (t = 0 … T): accuracy, cross-entropy
-``members``        task, family, depth, seed, parameters, held-out loss, Bayes loss, excess, accuracy, certified,
-                   continuations, gains, steps, samples, seconds, and (leaf) the diagnostics' summary
+``members``        task, family, depth, seed, parameters, held-out loss, Bayes loss, excess, accuracy, error, the
+                   certified quantity, certified, continuations, gains, steps, samples, seconds, and (leaf) the
+                   diagnostics' summary
 ``root_members``   the root task's members: accuracy, error, cross-entropy, certified
-``stages``         every stage of every member (main, c1, c2 …): sample range, initial and final loss, gain
+``stages``         every stage of every member (main, c1, c2 …): sample range, initial and final loss, excess, error,
+                   the certified value before and after, gain
 ``curves``         every stage's held-out curve (step, lr, train_loss, val_loss, excess, accuracy)
 ``layers``         (leaf) θ and θ(Δh) per block; ``lags``: the long-lag cosine; ``clusters``: trajectory clusters
 ``edits``          chapter 5's edits: next-leaf (delete, swap, permute) and root (delete, swap; Δ accuracy too)
@@ -61,10 +66,14 @@ table              rows
 ``fit_stability``  the all-depths α, without ℓ = 1, the drop-one range, shown or why not
 ``fit_slopes``     local slopes between neighbouring depths with intervals over replicates
 ``fit_break``      the two-segment change in slope, its break and bootstrap / t intervals
+``fit_rounds``     ``fit_stability`` after every round of continuations (each member's best stage so far), with the
+                   sequences a member had drawn: whether more training still moves the exponents
+``break_rounds``   ``fit_break`` after every round
 =================  ==================================================================================================
 
 The manifest records ``held_out_overlap`` (held-out sequences found among every training sequence any member saw,
-compared exactly), ``replicates``, ``n_sequences`` and ``training_sequences``.
+compared exactly: 0 by construction, checked), ``held_out_replaced`` (held-out draws replaced before training because
+some member may train on their sequence), ``replicates``, ``n_sequences`` and ``training_sequences``.
 """
 from __future__ import annotations
 
@@ -176,10 +185,18 @@ def build_member(cfg: HierarchyConfig, seed: int, task: str, family: str, depth:
     return build_model(cfg.model, family, depth, g.v, g.length + (task == "root"), member_seed(seed, task, family, depth))
 
 
+def training_ranges(cfg: HierarchyConfig) -> list[tuple[int, int]]:
+    """Every training-stream index range some member may draw: each replicate's whole span."""
+    return [(cfg.base(s), cfg.base(s) + cfg.span) for s in cfg.seeds]
+
+
 def held_out_sets(cfg: HierarchyConfig) -> tuple[HeldOut, HeldOut]:
-    """The held-out set (stream 1) and the probe set of the diagnostics (stream 2)."""
+    """The held-out set (stream 1; drawn among the sequences no member may train on,
+    :func:`depthlib.compose.unseen.unseen_indices`) and the probe set of the diagnostics (stream 2)."""
     grammar = rhm.make_grammar(cfg.grammar)
-    return (HeldOut.draw(grammar, cfg.train.n_held_out, HELD_OUT_STREAM),
+    idx, replaced = unseen.unseen_indices(grammar, cfg.train.n_held_out, HELD_OUT_STREAM, training_ranges(cfg),
+                                          TRAIN_STREAM)
+    return (HeldOut.draw(grammar, len(idx), HELD_OUT_STREAM, idx, replaced),
             HeldOut.draw(grammar, cfg.n_probe, PROBE_STREAM))
 
 
@@ -212,8 +229,10 @@ def train_member(cfg: HierarchyConfig, held: HeldOut, probe: HeldOut, seed: int,
     stages, final = rec["stages"], rec["final"]
     member = {**key, **parameter_counts(model), "val_loss": final["val_loss"],
               "bayes": float(held.bayes.mean()) if task == "leaf" else 0.0, "excess": final["excess"],
-              "accuracy": final["accuracy"], "certified": rec["certified"], "continuations": len(rec["gains"]),
-              "last_gain": rec["gains"][-1], "gains": ", ".join(f"{x:+.4f}" for x in rec["gains"]),
+              "accuracy": final["accuracy"], "error": 1.0 - final["accuracy"] if task == "root" else np.nan,
+              "certified_quantity": "excess" if task == "leaf" else "error", "certified": rec["certified"],
+              "continuations": len(rec["gains"]), "last_gain": rec["gains"][-1] if rec["gains"] else np.nan,
+              "gains": ", ".join(f"{x:+.4f}" for x in rec["gains"]),
               "best_stage": rec["best_stage"], "steps": rec["steps"],
               "samples": int((stages["sample_stop"] - stages["sample_start"]).sum()),
               "seconds": float(stages["seconds"].sum())}
@@ -252,12 +271,18 @@ def first_curve(cfg: HierarchyConfig, stop_at: int) -> pd.DataFrame:
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
-def fit_tables(cfg: HierarchyConfig, members: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The fits and their checks (:mod:`depthlib.compose.fits`)."""
+def fit_tables(cfg: HierarchyConfig, members: pd.DataFrame, stages: pd.DataFrame | None = None
+               ) -> dict[str, pd.DataFrame]:
+    """The fits and their checks (:mod:`depthlib.compose.fits`); with ``stages``, the exponents and the slope change
+    after every round of continuations too (``fit_rounds``, ``break_rounds``)."""
     long = fits.quantities(members)
     exps = fits.exponents(long)
-    return {"fit_exponents": exps, "fit_stability": fits.stability(exps), "fit_slopes": fits.local_slopes(long),
-            "fit_break": fits.slope_change(long, cfg.grammar.L, cfg.n_bootstrap)}
+    out = {"fit_exponents": exps, "fit_stability": fits.stability(exps), "fit_slopes": fits.local_slopes(long),
+           "fit_break": fits.slope_change(long, cfg.grammar.L, cfg.n_bootstrap)}
+    if stages is not None:
+        out["fit_rounds"], out["break_rounds"] = fits.round_fits(fits.by_round(stages), cfg.grammar.L,
+                                                                 cfg.n_bootstrap)
+    return out
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -312,11 +337,10 @@ def run_hierarchy(cfg: HierarchyConfig, *, jobs: int = 1, device: str = "cpu", f
         merged = {t: _concat([store.table(f"{unit_name(*u)}_{t}") for u in cfg.units()]) for t in MEMBER_TABLES}
         merged.update({t: store.table(f"{GRAMMAR_UNIT}_{t}") for t in GRAMMAR_TABLES})
         members = merged["members"]
-        merged["root_members"] = members[members["task"] == "root"].assign(
-            error=lambda m: 1.0 - m["accuracy"], ce=lambda m: m["excess"])[
+        merged["root_members"] = members[members["task"] == "root"].assign(ce=lambda m: m["excess"])[
             ["family", "depth", "seed", "n_params", "n_blocks", "accuracy", "error", "ce", "certified",
              "continuations", "gains", "steps", "samples"]].reset_index(drop=True)
-        merged.update(fit_tables(cfg, members))
+        merged.update(fit_tables(cfg, members, merged["stages"]))
         grammar = rhm.make_grammar(cfg.grammar)
         check = unseen.held_out_overlap(grammar, held.leaves.numpy(),
                                         zip(merged["stages"]["sample_start"], merged["stages"]["sample_stop"]),
@@ -325,7 +349,8 @@ def run_hierarchy(cfg: HierarchyConfig, *, jobs: int = 1, device: str = "cpu", f
             run.write_table(t, df)
         leaf = members[members["task"] == "leaf"]
         root = members[members["task"] == "root"]
-        job.record(held_out_overlap=check["found"], training_sequences=check["training_sequences"],
+        job.record(held_out_overlap=check["found"], held_out_replaced=int(held.replaced),
+                   training_sequences=check["training_sequences"],
                    replicates=len(cfg.seeds), n_sequences=str(unseen.n_sequences(cfg.grammar)),
                    expected_overlap=unseen.expected_overlap(cfg.grammar, check["training_sequences"],
                                                             cfg.train.n_held_out),
@@ -347,4 +372,4 @@ def default_jobs() -> int:
 
 __all__ = ["EXPERIMENT", "GRAMMAR_TABLES", "HierarchyConfig", "MEMBER_TABLES", "build_member", "default_jobs",
            "first_curve", "fit_tables", "grammar_tables", "held_out_sets", "member_seed", "run_hierarchy",
-           "train_member", "unit_name"]
+           "train_member", "training_ranges", "unit_name"]

@@ -196,3 +196,110 @@ def _with_mechanism_guides(fig: go.Figure) -> go.Figure:
         fig.add_annotation(x=x, y=1, yref="paper", text=text, showarrow=False, xanchor="left", yanchor="bottom")
     fig.update_yaxes(type="category", automargin=True)
     return fig
+
+
+# ---- the hierarchy part (:mod:`depthlib.compose.hierarchy_views` makes the tables) ---------------------------------
+HIERARCHY_AXES = {"leaf excess": "next-leaf excess L − L<sub>Bayes</sub> (nats/leaf)",
+                  "root cross-entropy": "root cross-entropy (nats/sequence)",
+                  "root error": "root error 1 − accuracy (fraction of held-out sequences)"}
+
+
+def hierarchy_loss_vs_depth(losses: pd.DataFrame, quantity: str, L: int, baseline: float | None = None) -> go.Figure:
+    """One quantity of the hierarchy part (``losses``: :func:`depthlib.compose.hierarchy_views.loss_table`) against
+    effective depth, one line per family (mean over replicates, 95 % t intervals; hollow markers: not every replicate
+    certified), the grammar's depth L marked and, for the next leaf, the best n-gram's excess as a dashed line. The
+    root error is drawn on a linear axis (a member with no held-out error is 0), the others log–log."""
+    g = losses[losses["quantity"] == quantity]
+    log_y = quantity != "root error"
+    fig = plots.new_figure(f"Hierarchy control: {quantity} against effective depth (95 % t over replicates)",
+                           "effective depth ℓ (block applications)", HIERARCHY_AXES[quantity], log_x=True,
+                           log_y=log_y)
+    for family, f in g.groupby("family", sort=False):
+        f = f.sort_values("depth")
+        if log_y:
+            f = f[f["value"] > 0]
+        full = f["certified"] >= f["replicates"]
+        fig.add_trace(go.Scatter(x=f["depth"], y=f["value"], mode="lines+markers",
+                                 error_y=_errors(f, "value", "lo", "hi"), line=dict(color=FAMILY_COLORS.get(family)),
+                                 marker=dict(size=9, symbol=["circle" if c else "circle-open" for c in full]),
+                                 name=FAMILY_NAMES.get(family, family)))
+    if baseline is not None and np.isfinite(baseline):
+        fig.add_hline(y=baseline, line=dict(dash="dash", color="#444"), annotation_text="best n-gram table",
+                      annotation_position="top right")
+    fig.add_vline(x=L, line=dict(dash="dot", color="#666"))
+    fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=f"grammar depth L = {L}", showarrow=False,
+                       xanchor="left", yanchor="top")
+    fig.update_xaxes(**plots.log_ticks(g["depth"]))
+    return fig
+
+
+def hierarchy_ngram(baselines: pd.DataFrame) -> go.Figure:
+    """The next-leaf excess of the position-specific n-gram tables against their context (previous leaves; ± 1.96
+    s.e.), with each family's deepest member as a horizontal line (``baselines``:
+    :func:`depthlib.compose.hierarchy_views.baseline_table`)."""
+    ng = baselines[baselines["source"].str.startswith("n-gram")].sort_values("context")
+    fig = plots.new_figure("Local statistics against the networks: next-leaf excess over the Bayes loss",
+                           "context of the n-gram table (previous leaves)",
+                           "next-leaf excess L − L<sub>Bayes</sub> (nats/leaf)", log_y=True)
+    fig.add_trace(go.Scatter(x=ng["context"], y=ng["excess"], mode="lines+markers", name="n-gram tables",
+                             error_y=_errors(ng, "excess", "lo", "hi"), line=dict(color="#444")))
+    for k, r in enumerate(baselines[~baselines["source"].str.startswith("n-gram")].itertuples()):
+        family = r.source.split(",")[0]
+        fig.add_trace(go.Scatter(x=[ng["context"].min(), ng["context"].max()], y=[r.excess, r.excess], mode="lines",
+                                 line=dict(color=FAMILY_COLORS.get(family, plots.color(k)), dash="dash"),
+                                 name=f"{FAMILY_NAMES.get(family, family)}: {r.source.split(', ')[-1]}"))
+    return fig
+
+
+def hierarchy_gains(gains: pd.DataFrame, gain_below: float) -> go.Figure:
+    """Every continuation's gain (% of the certified quantity before it) against effective depth, one colour per
+    family, one marker per task; the certificate's threshold as a dotted line (``gains``:
+    :func:`depthlib.compose.hierarchy_views.gains_table`)."""
+    fig = plots.new_figure("Continuation gains: what keeps the members from being certified",
+                           "effective depth ℓ (block applications)", "gain of a continuation (% of the quantity before)",
+                           log_x=True)
+    symbols = {"leaf": "circle", "root": "diamond"}
+    for (task, family), g in gains.groupby(["task", "family"], sort=False):
+        fig.add_trace(go.Scatter(x=g["depth"] * (1 + 0.03 * (g["round"] - 1)), y=100 * g["gain"], mode="markers",
+                                 marker=dict(size=8, symbol=symbols.get(task, "square"),
+                                             color=FAMILY_COLORS.get(family)),
+                                 name=f"{FAMILY_NAMES.get(family, family)}, {task}"))
+    fig.add_hline(y=100 * gain_below, line=dict(dash="dot", color="#666"),
+                  annotation_text=f"certified below {100 * gain_below:g} %", annotation_position="bottom right")
+    fig.update_xaxes(**plots.log_ticks(gains["depth"]))
+    return fig
+
+
+def hierarchy_alpha_by_round(rounds: pd.DataFrame, quantity: str) -> go.Figure:
+    """α_ℓ of ``quantity`` after every round of continuations (each member's best stage so far), against the training
+    sequences a member had drawn, one line per family with its 95 % t interval (``rounds``:
+    :func:`depthlib.compose.hierarchy_views.round_table`); 1 (ensemble averaging) dotted. A flat line: more training
+    no longer moves the exponent, certified or not."""
+    g = rounds[rounds["quantity"] == quantity]
+    fig = plots.new_figure(f"Depth exponent of the {quantity} after each round of continuations",
+                           "training sequences per member (thousands)", "α<sub>ℓ</sub> (dimensionless)")
+    for family, f in g.groupby("family", sort=False):
+        f = f.sort_values("round")
+        fig.add_trace(go.Scatter(x=f["sequences"] / 1000, y=f["alpha"], mode="lines+markers",
+                                 error_y=_errors(f, "alpha", "lo", "hi"), line=dict(color=FAMILY_COLORS.get(family)),
+                                 name=FAMILY_NAMES.get(family, family)))
+    fig.add_hline(y=1.0, line=dict(dash="dot", color="#666"), annotation_text="1: ensemble averaging")
+    return fig
+
+
+def hierarchy_slopes(slopes: pd.DataFrame, quantity: str, L: int) -> go.Figure:
+    """Local exponents −Δlog E/Δlog ℓ between neighbouring depths (at their geometric mean) with 95 % t intervals,
+    one line per family, L marked (``slopes``: the run's ``fit_slopes``): a threshold at L shows as a peak there."""
+    g = slopes[slopes["quantity"] == quantity].assign(mid=lambda d: np.sqrt(d["from"] * d["to"]))
+    fig = plots.new_figure(f"Local depth exponents of the {quantity} (95 % t over replicates)",
+                           "effective depth ℓ (geometric mean of the two depths)",
+                           "local exponent −Δlog E / Δlog ℓ (dimensionless)", log_x=True)
+    for family, f in g.groupby("family", sort=False):
+        f = f.sort_values("mid")
+        fig.add_trace(go.Scatter(x=f["mid"], y=f["slope"], mode="lines+markers", error_y=_errors(f, "slope", "lo", "hi"),
+                                 line=dict(color=FAMILY_COLORS.get(family)), name=FAMILY_NAMES.get(family, family)))
+    fig.add_hline(y=1.0, line=dict(dash="dot", color="#999"))
+    fig.add_vline(x=L, line=dict(dash="dot", color="#666"))
+    fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=f"L = {L}", showarrow=False, xanchor="left",
+                       yanchor="top")
+    return fig

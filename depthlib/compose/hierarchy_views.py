@@ -1,0 +1,565 @@
+"""Chapter 7's hierarchy part read for the notebook: its tables, its answer paragraph and its verdict rows.
+
+Everything here is read from a finished ``compose-hierarchy`` run (:mod:`depthlib.compose.hierarchy`): no compute
+entry imports this module, so editing it never makes a run stale. Every function takes the run or a mapping of its
+tables (table name → DataFrame, with ``"config"`` → the run's config and ``"manifest"`` → its manifest), so that the
+rules can be tested on tables with known answers. Units: next-leaf excess in nats per leaf, root cross-entropy in
+nats per sequence, root error a fraction of held-out sequences, exponents dimensionless; intervals are 95 % t
+intervals over replicates unless a row says otherwise.
+
+**The verdict rows** (:func:`verdict_rows`) decide each claim by a rule stated in its row, with three statuses:
+
+* ``holds`` — the measurement is what the claim predicts;
+* ``contradicted`` — the measurement is what the row names as contradicting it;
+* ``undecided`` — the rule cannot say. In particular a number from members that are still improving decides nothing,
+  whatever its interval (the book's rule for chapters 3, 6 and 7): every row about an exponent or a change in slope
+  is undecided unless every member it is fitted on is certified (:mod:`depthlib.compose.certify`), and says how far
+  the number moved over the last round of continuations beside it. The exponent rows use the book's region for
+  chapter 7 (:data:`depthlib.verdict.CLAIMS`, ``hierarchical`` and ``looped``: α_ℓ < 2, half-way between ensemble
+  averaging's 1 and a smooth flow's 3).
+
+The rows that need no certificate: the held-out set is unseen (an exact count), local statistics do not solve the
+target (a trained member's loss only falls with more training, and the n-gram tables are counted on as many
+sequences as the longest member drew), every member is certified (the certificate itself), and whether the exponent
+still moves from round to round.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from depthlib import verdict
+from depthlib.compose.analysis import mean_interval
+
+__all__ = ["BREAK_MARGIN", "FAR_BELOW", "STATUSES", "answer", "baseline_table", "certification_table",
+           "exponent_table", "gains_table", "loss_table", "round_table", "settings_table", "slope_change_table",
+           "verdict_rows", "verdict_table", "zero_error_depths"]
+
+STATUSES = ("holds", "contradicted", "undecided")
+#: "far above": the best n-gram's excess must be at least this many times the deepest untied member's
+FAR_BELOW = 2.0
+#: a change in slope whose intervals both lie inside ±this is "no threshold" (half of ensemble averaging's α = 1)
+BREAK_MARGIN = 0.5
+_CLAIMS = {c.key: c for c in verdict.CLAIMS}
+#: the quantity each task's exponent rows read (the certified one: excess for the next leaf, error for the root)
+TASK_QUANTITY = {"leaf": "leaf excess", "root": "root error"}
+_UNITS = {"leaf excess": "nats/leaf", "root cross-entropy": "nats/sequence", "root error": "fraction"}
+
+
+# ---- reading a run or a mapping of tables ------------------------------------------------------------------------
+def _table(source, name: str) -> pd.DataFrame:
+    return source.table(name) if hasattr(source, "table") else source[name]
+
+
+def _config(source) -> dict:
+    return dict(source.config) if hasattr(source, "table") else dict(source.get("config", {}))
+
+
+def _manifest(source) -> dict:
+    return dict(source.manifest) if hasattr(source, "table") else dict(source.get("manifest", {}))
+
+
+def _members(source) -> pd.DataFrame:
+    m = _table(source, "members").copy()
+    if "error" not in m:
+        m["error"] = np.where(m["task"] == "root", 1.0 - m["accuracy"], np.nan)
+    return m
+
+
+def _iv(v: float, lo: float, hi: float, digits: int = 2) -> str:
+    if not np.isfinite(v):
+        return "—"
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"{v:.{digits}f}"
+    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _num(v: float) -> str:
+    """A small loss or error to three significant digits."""
+    return "—" if not np.isfinite(v) else f"{v:.3g}"
+
+
+def _gain_range(g: pd.Series) -> str:
+    g = g.dropna()
+    return "—" if g.empty else f"{100 * g.min():.1f}–{100 * g.max():.1f} %"
+
+
+# ---- tables --------------------------------------------------------------------------------------------------------
+def settings_table(source, profile: str) -> pd.DataFrame:
+    """The grammar, the tasks, families and the budget, one row per setting (column ``<profile> profile``)."""
+    from depthlib.compose.hierarchy import HierarchyConfig
+    cfg, man, g = _config(source), _manifest(source), _table(source, "grammar").iloc[0]
+    c = HierarchyConfig.from_dict(cfg)
+    members = _members(source)
+    train, cert = cfg["train"], cfg["certificate"]
+    depths = {f: sorted(members.loc[members["family"] == f, "depth"].unique().tolist())
+              for f in members["family"].unique()}
+    stages = [c.train.steps]
+    for _ in range(c.certificate.max_continuations):
+        stages.append(c.certificate.continuation_config(c.train, sum(stages)).steps)
+    return pd.Series({
+        "grammar (v, m, s, L)": f"({int(g['v'])}, {int(g['m'])}, {int(g['s'])}, {int(g['L'])}), seed {int(g['seed'])}",
+        "leaves per sequence": int(g["length"]),
+        "distinct sequences Ω": f"{float(g['n_sequences']):.2e}",
+        "Bayes next-leaf loss of the held-out set (nats/leaf)": f"{float(g['bayes']):.4f} (log v = "
+                                                                 f"{float(g['uniform']):.4f})",
+        "tasks": ", ".join(cfg["tasks"]),
+        **{f"effective depths, {f}": ", ".join(map(str, d)) for f, d in depths.items()},
+        "replicates (initialisation and samples)": len(cfg["seeds"]),
+        "width d_model / heads": f"{cfg['model']['d_model']} / {cfg['model']['n_heads']}",
+        "main stage: steps × fresh sequences": f"{train['steps']} × {train['batch_size']}",
+        "continuations (each half the steps so far)": f"at most {cert['max_continuations']}: "
+                                                      + " + ".join(map(str, stages[1:])) + " steps",
+        "most sequences per member": f"{sum(stages) * int(train['batch_size']):,}",
+        "certificate": f"a continuation gains < {100 * cert['gain_below']:.0f} % (leaf: excess, floor "
+                       f"{cert['resolution']:g} nats; root: error, floor {cert.get('resolution_sequences', 3)} "
+                       "held-out sequences)",
+        "held-out / probe sequences": f"{train['n_held_out']} / {cfg['n_probe']}",
+        "held-out sequences seen in training (exact)": f"{man.get('held_out_overlap', '—')} of "
+                                                       f"{man.get('training_sequences', 0):,} draws",
+        "members trained": len(members)}, name=f"{profile} profile").to_frame()
+
+
+def loss_table(source) -> pd.DataFrame:
+    """quantity, family, depth, value (mean over replicates), lo, hi (95 % t), replicates, certified (how many of
+    them): the next-leaf excess, the root cross-entropy and the root error of every (family, depth)."""
+    m = _members(source)
+    rows = []
+    for quantity, (task, col) in {"leaf excess": ("leaf", "excess"), "root cross-entropy": ("root", "excess"),
+                                  "root error": ("root", "error")}.items():
+        for (family, depth), g in m[m["task"] == task].groupby(["family", "depth"], sort=False):
+            v, lo, hi, n = mean_interval(g[col])
+            rows.append({"quantity": quantity, "family": family, "depth": int(depth), "value": v, "lo": lo, "hi": hi,
+                         "replicates": n, "certified": int(g["certified"].astype(bool).sum())})
+    return pd.DataFrame(rows).sort_values(["quantity", "family", "depth"], kind="stable").reset_index(drop=True)
+
+
+def certification_table(source) -> pd.DataFrame:
+    """Per task and family: members, certified, the continuations run (range) and the last continuation's gain of the
+    members not certified (range, %): what the certificate says and why."""
+    m = _members(source)
+    rows = []
+    for (task, family), g in m.groupby(["task", "family"], sort=False):
+        open_ = g[~g["certified"].astype(bool)]
+        rows.append({"task": task, "family": family, "certified quantity": TASK_QUANTITY[task].split()[-1],
+                     "members": len(g), "certified": int(g["certified"].astype(bool).sum()),
+                     "continuations run": f"{int(g['continuations'].min())}–{int(g['continuations'].max())}",
+                     "last gain, not certified": _gain_range(open_["last_gain"])})
+    return pd.DataFrame(rows).set_index(["task", "family"])
+
+
+def gains_table(source) -> pd.DataFrame:
+    """Every continuation's gain: task, family, depth, seed, round (1, 2, …), gain (fraction of the certified
+    quantity before it), sequences (drawn by the member up to the end of that continuation)."""
+    st = _table(source, "stages")
+    st = st.assign(round=st["stage"].map(lambda s: 0 if s == "main" else int(str(s)[1:])))
+    st = st.sort_values(["task", "family", "depth", "seed", "round"])
+    st["sequences"] = (st["sample_stop"] - st["sample_start"]).groupby(
+        [st["task"], st["family"], st["depth"], st["seed"]]).cumsum()
+    return st[st["round"] > 0][["task", "family", "depth", "seed", "round", "gain", "sequences"]].reset_index(drop=True)
+
+
+def baseline_table(source) -> pd.DataFrame:
+    """The next-leaf excess (nats/leaf) of the position-specific n-gram tables by context size beside each family's
+    deepest member: source, context (previous leaves), excess, lo, hi (n-gram: ± 1.96 standard errors over held-out
+    sequences; members: t over replicates), sequences (what the table was counted on, or the most a member drew)."""
+    ng = _table(source, "ngram")
+    rows = [{"source": f"n-gram, {int(r.context)} previous leaves", "context": int(r.context), "excess": r.excess,
+             "lo": r.excess - 1.96 * r.excess_se, "hi": r.excess + 1.96 * r.excess_se, "sequences": int(r.n_train)}
+            for r in ng.itertuples()]
+    m = _members(source)
+    leaf = m[m["task"] == "leaf"]
+    for family, g in leaf.groupby("family", sort=False):
+        d = int(g["depth"].max())
+        v, lo, hi, _ = mean_interval(g.loc[g["depth"] == d, "excess"])
+        rows.append({"source": f"{family}, ℓ = {d}", "context": np.nan, "excess": v, "lo": lo, "hi": hi,
+                     "sequences": int(g.loc[g["depth"] == d, "samples"].max())})
+    return pd.DataFrame(rows)
+
+
+def exponent_table(source) -> pd.DataFrame:
+    """Per quantity and family (the run's ``fit_stability``): α_ℓ over every depth with its interval, without ℓ = 1,
+    the drop-one range, whether the chapter shows it (else why not), and how far α moved over the last round."""
+    s = _table(source, "fit_stability")
+    moved = _moves(source)
+    rows = []
+    for r in s.itertuples():
+        mv = moved.get((r.quantity, r.family), {})
+        rows.append({"quantity": r.quantity, "family": r.family, "α_ℓ (all depths)": _iv(r.alpha, r.lo, r.hi),
+                     "without ℓ = 1": _iv(r.alpha_without_1, r.lo_without_1, r.hi_without_1),
+                     "drop-one range": (f"{r.drop_one_min:.2f} – {r.drop_one_max:.2f}"
+                                        if np.isfinite(r.drop_one_min) else "—"),
+                     "last round's move": (f"{mv['move']:+.2f} (half-width {mv['half']:.2f})"
+                                           if np.isfinite(mv.get("move", np.nan)) else "—"),
+                     "shown": "yes" if r.shown else f"no: {r.why_not}"})
+    return pd.DataFrame(rows).set_index(["quantity", "family"])
+
+
+def slope_change_table(source) -> pd.DataFrame:
+    """Per quantity and family with a two-segment fit (``fit_break``): the break ℓ_b with its bootstrap interval, the
+    change in slope Δ = α_after − α_before with its bootstrap and t intervals, and whether the change is resolved and
+    its break is near L."""
+    b = _table(source, "fit_break")
+    if b.empty:
+        return pd.DataFrame(columns=["quantity", "family"]).set_index(["quantity", "family"])
+    return pd.DataFrame([{
+        "quantity": r["quantity"], "family": r["family"],
+        "break ℓ_b": f"{r['break']:.1f} [{r['break_lo']:.1f}, {r['break_hi']:.1f}]",
+        "α before / after": f"{r['alpha_before']:.2f} / {r['alpha_after']:.2f}",
+        "change Δ (bootstrap)": _iv(r["change"], r["change_lo"], r["change_hi"]),
+        "Δ (t, break held)": f"[{r['change_t_lo']:.2f}, {r['change_t_hi']:.2f}]",
+        "resolved": "yes" if r["changes"] else "no",
+        f"break near L = {int(r['L'])} ({r['near_lo']:g}–{r['near_hi']:g})": "yes" if r["break_at_L"] else "no"}
+        for _, r in b.iterrows()]).set_index(["quantity", "family"])
+
+
+def round_table(source) -> pd.DataFrame:
+    """α_ℓ after every round of continuations (``fit_rounds``): quantity, family, round, sequences (the most a
+    member had drawn), alpha, lo, hi, shown."""
+    r = _table(source, "fit_rounds")
+    return r[["quantity", "family", "round", "sequences", "alpha", "lo", "hi", "shown"]].reset_index(drop=True)
+
+
+def zero_error_depths(source) -> dict[str, int | None]:
+    """Per family: the smallest effective depth from which every root member of every replicate has no held-out error
+    at all depths above it too (None: no such depth)."""
+    m = _members(source)
+    root = m[m["task"] == "root"]
+    out = {}
+    for family, g in root.groupby("family", sort=False):
+        zero = g.groupby("depth")["error"].max().sort_index() <= 0
+        depth = None
+        for d in zero.index[::-1]:
+            if not zero[d]:
+                break
+            depth = int(d)
+        out[family] = depth
+    return out
+
+
+# ---- the rules ------------------------------------------------------------------------------------------------
+def _moves(source) -> dict:
+    """(quantity, family) → move (α at the last round − α at the round before), half (the last round's interval
+    half-width), from, to, move_without_1 (the same without ℓ = 1), seqs (the sequences a member had drawn at the
+    two rounds): from ``fit_rounds``; NaN where a round has no fit."""
+    r = _table(source, "fit_rounds")
+    out = {}
+    for (q, f), g in r.groupby(["quantity", "family"], sort=False):
+        g = g.sort_values("round")
+        if len(g) < 2:
+            out[(q, f)] = {"move": np.nan, "half": np.nan, "from": np.nan, "to": np.nan, "move_without_1": np.nan,
+                           "seqs": (np.nan, np.nan)}
+            continue
+        a, b = g.iloc[-2], g.iloc[-1]
+        out[(q, f)] = {"move": float(b["alpha"] - a["alpha"]), "half": float(b["hi"] - b["lo"]) / 2,
+                       "from": float(a["alpha"]), "to": float(b["alpha"]),
+                       "move_without_1": float(b["alpha_without_1"] - a["alpha_without_1"]),
+                       "seqs": (int(a["sequences"]), int(b["sequences"]))}
+    return out
+
+
+def _open(source, task: str | None = None, family: str | None = None) -> pd.DataFrame:
+    """The members not certified (of one task and family)."""
+    m = _members(source)
+    if task is not None:
+        m = m[m["task"] == task]
+    if family is not None:
+        m = m[m["family"] == family]
+    return m[~m["certified"].astype(bool)]
+
+
+def _region_status(claim, value: float, lo: float, hi: float) -> tuple[str, str]:
+    """holds / contradicted / undecided of one interval against ``claim``'s region (:func:`depthlib.verdict.status`:
+    inside → holds, wholly outside → contradicted, straddling an edge → undecided) and why."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "undecided", "no interval"
+    s = verdict.status(claim.paper, claim.region, value, lo, hi)
+    if s in ("reproduced", "partly"):
+        return "holds", f"the interval [{lo:.2f}, {hi:.2f}] lies inside the region"
+    if s == "contradicted":
+        return "contradicted", f"the interval [{lo:.2f}, {hi:.2f}] lies wholly outside the region"
+    return "undecided", f"the interval [{lo:.2f}, {hi:.2f}] straddles an edge of the region"
+
+
+def _row(key, claim, prediction, would_contradict, measured, status, reason) -> dict:
+    return {"key": key, "claim": claim, "prediction": prediction, "would_contradict": would_contradict,
+            "measured": measured, "status": status, "reason": reason}
+
+
+def _unseen_row(source) -> dict:
+    man = _manifest(source)
+    n = int(_config(source)["train"]["n_held_out"])
+    found = man.get("held_out_overlap")
+    measured = (f"{found} of {n} held-out sequences among the {int(man.get('training_sequences', 0)):,} training "
+                f"sequences the members drew (compared exactly); {man.get('held_out_replaced', 0)} first draws were "
+                f"replaced because a member may train on them (a uniform draw shares "
+                f"{float(man.get('expected_overlap', np.nan)):.2f} in expectation)")
+    if found is None:
+        status, reason = "undecided", "the run has no exact check"
+    else:
+        status, reason = ("holds", "none found") if int(found) == 0 else ("contradicted", f"{found} found")
+    return _row("unseen", "The held-out sequences are unseen: what the members learn is not memorised",
+                "no held-out sequence occurs among the training sequences any member drew (exact count 0)",
+                "any held-out sequence found there", measured, status, reason)
+
+
+def _baseline(source) -> dict:
+    """The best n-gram against the deepest untied member's next-leaf excess: the table's row, the member's mean and
+    t interval, and the ratio n-gram / member with its interval (the n-gram's ± 1.96 s.e. against the member's)."""
+    ng = _table(source, "ngram")
+    best = ng.loc[ng["excess"].idxmin()]
+    m = _members(source)
+    leaf = m[(m["task"] == "leaf") & (m["family"] == "untied")]
+    if leaf.empty:
+        leaf = m[m["task"] == "leaf"]
+    d = int(leaf["depth"].max())
+    v, lo, hi, n = mean_interval(leaf.loc[leaf["depth"] == d, "excess"])
+    ng_lo, ng_hi = best["excess"] - 1.96 * best["excess_se"], best["excess"] + 1.96 * best["excess_se"]
+    return {"best": best, "family": leaf["family"].iloc[0], "depth": d, "value": v, "lo": lo, "hi": hi, "n": n,
+            "ratio": best["excess"] / v if v > 0 else np.inf,
+            "ratio_lo": ng_lo / hi if np.isfinite(hi) and hi > 0 else np.nan,
+            "ratio_hi": ng_hi / lo if np.isfinite(lo) and lo > 0 else np.inf}
+
+
+def _baseline_row(source) -> dict:
+    b = _baseline(source)
+    best, r_lo, r_hi = b["best"], b["ratio_lo"], b["ratio_hi"]
+    measured = (f"best n-gram ({int(best['context'])} previous leaves, counted on {int(best['n_train']):,} sequences): "
+                f"excess {_num(best['excess'])} ± {_num(1.96 * best['excess_se'])} nats/leaf; {b['family']} "
+                f"ℓ = {b['depth']}: {_num(b['value'])} [{_num(b['lo'])}, {_num(b['hi'])}] over {b['n']} replicates; "
+                f"ratio {b['ratio']:.1f} [{r_lo:.1f}, {r_hi:.1f}]")
+    if np.isfinite(r_lo) and r_lo >= FAR_BELOW:
+        status, reason = "holds", f"the ratio's lower bound {r_lo:.1f} ≥ {FAR_BELOW:g}"
+    elif r_hi <= 1.0:
+        status, reason = "contradicted", f"the ratio's upper bound {r_hi:.2f} ≤ 1: the networks are no better"
+    else:
+        status, reason = "undecided", (f"the ratio's interval [{r_lo:.1f}, {r_hi:.1f}] reaches below {FAR_BELOW:g} "
+                                       "and above 1")
+    return _row("needs_hierarchy", "Local statistics do not solve the next leaf: the target needs the hierarchy",
+                f"the best position-specific n-gram's excess is at least {FAR_BELOW:g}× the deepest untied member's "
+                "(the ratio's interval from the n-gram's ± 1.96 s.e. and the member's t interval lies at or above "
+                f"{FAR_BELOW:g})", "a ratio whose interval lies at or below 1 (the members no better than the table)",
+                measured, status, reason)
+
+
+def _certified_row(source) -> dict:
+    m = _members(source)
+    cfg = _config(source)
+    cert = cfg.get("certificate", {})
+    gain = float(cert.get("gain_below", 0.02))
+    parts = []
+    for task, g in m.groupby("task", sort=False):
+        open_ = g[~g["certified"].astype(bool)]
+        parts.append(f"{task} ({TASK_QUANTITY[task].split()[-1]}): {len(g) - len(open_)} of {len(g)} certified"
+                     + (f", the others' last continuation gained {_gain_range(open_['last_gain'])}" if len(open_)
+                        else ""))
+    open_ = _open(source)
+    status = "holds" if open_.empty else "contradicted"
+    return _row("certified", "Every member is at its floor (the book's certificate)",
+                f"a continuation of {100 * float(cert.get('continuation', 0.5)):.0f} % of a member's steps so far, "
+                f"re-warmed and decayed, lowers its certified quantity (next leaf: excess; root: error) by less than "
+                f"{100 * gain:.0f} % of it or than the held-out set resolves, within "
+                f"{cert.get('max_continuations', '?')} continuations", f"a member whose last allowed continuation "
+                f"still gained {100 * gain:.0f} % or more", "; ".join(parts), status,
+                "every member certified" if status == "holds" else f"{len(open_)} of {len(m)} member(s) still gaining")
+
+
+def _rounds_row(source) -> dict:
+    mv = _moves(source).get(("leaf excess", "untied"), {})
+    move, half = mv.get("move", np.nan), mv.get("half", np.nan)
+    if np.isfinite(move) and np.isfinite(half):
+        a, b = mv["seqs"]
+        measured = (f"untied next-leaf α_ℓ {mv['from']:.2f} → {mv['to']:.2f} from {a:,} to {b:,} sequences a member "
+                    f"(the last round of continuations; each member's best stage so far): moved {move:+.2f} against "
+                    f"the half-width {half:.2f}; without ℓ = 1 it moved {mv['move_without_1']:+.2f}")
+        status, reason = (("holds", f"|{move:.2f}| < {half:.2f}") if abs(move) < half
+                          else ("contradicted", f"|{move:.2f}| ≥ {half:.2f}"))
+    else:
+        measured, status, reason = "no fit at one of the last two rounds", "undecided", "no fit to compare"
+    return _row("exponent_settled", "(Ours) More training no longer moves the untied next-leaf exponent",
+                "over the last round of continuations α_ℓ moves by less than the half-width of its last interval",
+                "a move at least as large as that half-width", measured, status, reason)
+
+
+def _exponent_row(source, key: str, claim_key: str, task: str, families: tuple[str, ...], title: str) -> dict:
+    """An exponent row titled ``title``: the book's region for ``claim_key``, α_ℓ of ``task``'s certified quantity
+    for ``families`` (the weakest status wins), gated by the certificate and the fit's stability."""
+    claim = _CLAIMS[claim_key]
+    quantity = TASK_QUANTITY[task]
+    s = _table(source, "fit_stability")
+    moves = _moves(source)
+    zero = zero_error_depths(source) if task == "root" else {}
+    statuses, said = [], []
+    for family in families:
+        row = s[(s["quantity"] == quantity) & (s["family"] == family)]
+        if row.empty:
+            continue
+        r = row.iloc[0]
+        mv = moves.get((quantity, family), {})
+        text = (f"{family}: α_ℓ = {_iv(r['alpha'], r['lo'], r['hi'])}, without ℓ = 1 "
+                f"{_iv(r['alpha_without_1'], r['lo_without_1'], r['hi_without_1'])}, drop-one "
+                + (f"{r['drop_one_min']:.2f}–{r['drop_one_max']:.2f}" if np.isfinite(r["drop_one_min"]) else "—"))
+        if np.isfinite(mv.get("move", np.nan)):
+            text += f", last round's move {mv['move']:+.2f}"
+        if zero.get(family) is not None:
+            text += f"; no held-out error from ℓ = {zero[family]} on"
+        said.append(text)
+        open_ = _open(source, task, family)
+        if len(open_):
+            statuses.append(("undecided", f"{family}: {len(open_)} member(s) not certified"))
+        elif not bool(r["shown"]):
+            statuses.append(("undecided", f"{family}: not shown ({r['why_not']})"))
+        else:
+            st, why = _region_status(claim, float(r["alpha"]), float(r["lo"]), float(r["hi"]))
+            statuses.append((st, f"{family}: {why}"))
+    # several families: the weakest status wins, as in the book's verdict (contradicted, then undecided, then holds)
+    found = {st for st, _ in statuses}
+    status = ("undecided" if not statuses else "contradicted" if "contradicted" in found
+              else "undecided" if "undecided" in found else "holds")
+    reason = "; ".join(why for _, why in statuses) or "no fit"
+    return _row(key, title,
+                f"{claim.region_text}: the 95 % interval of α_ℓ (excess law E = c·ℓ^−α over every depth; every member "
+                "certified, the fit not moved outside its interval by leaving out one depth)",
+                "an interval wholly above 2 (toward composition or a flow), from certified members",
+                "; ".join(said) or "no fit", status, reason)
+
+
+def _break_row(source, task: str) -> dict:
+    quantity = TASK_QUANTITY[task]
+    b = _table(source, "fit_break")
+    L = int(_config(source)["grammar"]["L"])
+    row = b[(b["quantity"] == quantity) & (b["family"] == "untied")] if len(b) else b
+    claim = (f"(Ours) Composition: the untied {'next-leaf excess' if task == 'leaf' else 'root error'} changes slope "
+             f"near the grammar's depth L = {L}")
+    prediction = ("the two-segment fit's change in slope has both intervals (bootstrap over replicates, and t with the "
+                  "break held) excluding 0, and the break's bootstrap interval meets the stretch of the depth grid "
+                  "around L (from the measured depth below L to the one above)")
+    contradict = (f"both intervals of the change inside ±{BREAK_MARGIN:g} (no threshold anywhere), or a resolved "
+                  "change whose break's interval lies outside that stretch — from certified members")
+    if row.empty:
+        why = ("a member has no held-out error (log 0)" if task == "root" and (_members(source).query(
+            "task == 'root'")["error"] <= 0).any() else "fewer than 4 depths or 2 replicates")
+        return _row(f"{task}_break", claim, prediction, contradict, f"no two-segment fit: {why}", "undecided", why)
+    r = row.iloc[0]
+    measured = (f"break ℓ_b = {r['break']:.1f} [{r['break_lo']:.1f}, {r['break_hi']:.1f}], α {r['alpha_before']:.2f} → "
+                f"{r['alpha_after']:.2f}, change Δ = {_iv(r['change'], r['change_lo'], r['change_hi'])} (bootstrap), "
+                f"[{r['change_t_lo']:.2f}, {r['change_t_hi']:.2f}] (t)")
+    rounds = _table(source, "break_rounds")
+    rr = rounds[(rounds["quantity"] == quantity) & (rounds["family"] == "untied")].sort_values("round") \
+        if len(rounds) else rounds
+    if len(rr) >= 2:
+        measured += f"; over the last round Δ went {rr['change'].iloc[-2]:.2f} → {rr['change'].iloc[-1]:.2f}"
+    open_ = _open(source, task, "untied")
+    inside = max(abs(r["change_lo"]), abs(r["change_hi"]), abs(r["change_t_lo"]), abs(r["change_t_hi"])) < BREAK_MARGIN
+    if len(open_):
+        status, reason = "undecided", f"{len(open_)} untied {task} member(s) not certified"
+    elif bool(r["changes"]) and bool(r["break_at_L"]):
+        status, reason = "holds", f"the change is resolved and its break lies near L ({r['near_lo']:g}–{r['near_hi']:g})"
+    elif bool(r["changes"]):
+        status, reason = "contradicted", (f"a resolved change whose break's interval lies outside {r['near_lo']:g}–"
+                                          f"{r['near_hi']:g}")
+    elif inside:
+        status, reason = "contradicted", f"both intervals of the change lie inside ±{BREAK_MARGIN:g}"
+    else:
+        status, reason = "undecided", "the change is not resolved (an interval contains 0) and not ruled out"
+    return _row(f"{task}_break", claim, prediction, contradict, measured, status, reason)
+
+
+def verdict_rows(source) -> pd.DataFrame:
+    """The hierarchy part's verdict, one row per claim: key, claim, prediction, would_contradict, measured, status
+    (one of :data:`STATUSES`) and reason. Rows: the held-out set is unseen (``unseen``), the target needs the
+    hierarchy (``needs_hierarchy``), every member is certified (``certified``), more training no longer moves the
+    untied next-leaf exponent (``exponent_settled``), α_ℓ below 2 on the next leaf for untied (``leaf_alpha``) and
+    reused depth (``leaf_alpha_reused``) and on the root error (``root_alpha``), and a change in slope near L on
+    either task (``leaf_break``, ``root_break``); each row states its own rule in prediction and would_contradict."""
+    fams = tuple(_members(source)["family"].unique())
+    reused = tuple(f for f in ("looped", "tied") if f in fams)
+    return pd.DataFrame([_unseen_row(source), _baseline_row(source), _certified_row(source), _rounds_row(source),
+                         _exponent_row(source, "leaf_alpha", "hierarchical", "leaf", ("untied",),
+                                       "(Ours) On the unseen grammar's next leaf, untied depth still averages: "
+                                       "α_ℓ below 2"),
+                         _exponent_row(source, "leaf_alpha_reused", "looped", "leaf", reused,
+                                       "(Ours) Reusing depth (looped, fully tied) on the unseen grammar's next leaf: "
+                                       "α_ℓ over effective depth below 2"),
+                         _exponent_row(source, "root_alpha", "hierarchical", "root", ("untied",),
+                                       "(Ours) On the unseen grammar's root classification, untied depth still "
+                                       "averages: α_ℓ of the error below 2"),
+                         _break_row(source, "leaf"), _break_row(source, "root")])
+
+
+def verdict_table(source) -> pd.DataFrame:
+    """:func:`verdict_rows` as the notebook shows it: indexed by claim; prediction, would contradict, measured,
+    status."""
+    return verdict_rows(source).set_index("claim")[["prediction", "would_contradict", "measured", "status"]].rename(
+        columns={"would_contradict": "would contradict"})
+
+
+# ---- the answer paragraph ------------------------------------------------------------------------------------------
+def _alpha_phrase(s: pd.DataFrame, quantity: str, family: str) -> str:
+    row = s[(s["quantity"] == quantity) & (s["family"] == family)]
+    if row.empty:
+        return f"{family}: no fit"
+    r = row.iloc[0]
+    if not np.isfinite(r["alpha"]):
+        return f"{family}: no exponent ({r['why_not']})"
+    text = (f"{family} {_iv(r['alpha'], r['lo'], r['hi'])}, without ℓ = 1 "
+            f"{_iv(r['alpha_without_1'], r['lo_without_1'], r['hi_without_1'])}, drop-one "
+            + (f"{r['drop_one_min']:.2f}–{r['drop_one_max']:.2f}" if np.isfinite(r["drop_one_min"]) else "—"))
+    return text + ("" if r["shown"] else f" (not shown: {r['why_not']})")
+
+
+def answer(source) -> str:
+    """The hierarchy part's answer, one paragraph of Markdown generated from its tables: the exact held-out check, the
+    n-gram baselines against the networks, how many members are certified (with the gains of those that are not),
+    both tasks' exponents with and without ℓ = 1 and their drop-one ranges, how far the untied exponent moved over the
+    last round, whether a change in slope near L is resolved, and which statements the run makes (the rows of
+    :func:`verdict_rows` that hold or are contradicted) and which stay undecided."""
+    rows = verdict_rows(source).set_index("key")
+    cfg, s = _config(source), _table(source, "fit_stability")
+    m = _members(source)
+    L = int(cfg["grammar"]["L"])
+    parts = ["*(smoke profile: placeholder numbers.)*"] if cfg.get("profile") == "smoke" else []
+    st = {k: rows.loc[k, "status"] for k in rows.index}
+    # 1. the control
+    parts.append(f"**The held-out set is unseen ({st['unseen']}):** {rows.loc['unseen', 'measured']}.")
+    b = _baseline(source)
+    best = b["best"]
+    nets = "; ".join(f"{r.source} {_num(r.excess)} [{_num(r.lo)}, {_num(r.hi)}]"
+                     for r in baseline_table(source).itertuples() if not r.source.startswith("n-gram"))
+    parts.append(f"**Local statistics do not solve it ({st['needs_hierarchy']}):** the best position-specific n-gram "
+                 f"({int(best['context'])} previous leaves, on {int(best['n_train']):,} sequences) leaves "
+                 f"{_num(best['excess'])} nats/leaf over the Bayes loss; the deepest members leave {nets} (ratio of "
+                 f"the table to the {b['family']} member {b['ratio']:.1f} [{b['ratio_lo']:.1f}, "
+                 f"{b['ratio_hi']:.1f}]).")
+    # 2. the certificate
+    parts.append(f"**{int(m['certified'].astype(bool).sum())} of {len(m)} members are certified** "
+                 f"({rows.loc['certified', 'measured']}).")
+    # 3. exponents, both tasks
+    for task, quantity in (("leaf", "leaf excess"), ("root", "root error"), ("root", "root cross-entropy")):
+        if quantity not in set(s["quantity"]):
+            continue
+        fams = [f for f in ("untied", "looped", "tied") if f in set(s.loc[s["quantity"] == quantity, "family"])]
+        label = {"leaf excess": "Next-leaf excess", "root error": "Root error",
+                 "root cross-entropy": "Root cross-entropy (reported, not certified: below zero errors it measures "
+                                       "confidence)"}[quantity]
+        parts.append(f"{label}: α_ℓ = " + "; ".join(_alpha_phrase(s, quantity, f) for f in fams) + ".")
+    zero = {f: d for f, d in zero_error_depths(source).items() if d is not None}
+    if zero:
+        parts.append("No held-out root error at all from " + ", ".join(f"ℓ = {d} ({f})" for f, d in zero.items())
+                     + " on.")
+    parts.append(f"**Does the exponent still move? ({st['exponent_settled']})** "
+                 f"{rows.loc['exponent_settled', 'measured']}.")
+    # 4. the change in slope near L
+    brk = rows.loc["leaf_break"]
+    parts.append(f"**A change in slope near L = {L}** (untied next leaf): {brk['measured']} — "
+                 + {"holds": "resolved, with its break near L.",
+                    "contradicted": f"ruled out at this depth range ({brk['reason']}).",
+                    "undecided": f"undecided ({brk['reason']})."}[brk["status"]])
+    # 5. what the run can say
+    decided = [f"{rows.loc[k, 'claim']} — **{rows.loc[k, 'status']}**" for k in rows.index
+               if rows.loc[k, "status"] != "undecided"]
+    open_ = [f"{rows.loc[k, 'claim']} ({rows.loc[k, 'reason']})" for k in rows.index
+             if rows.loc[k, "status"] == "undecided"]
+    parts.append("**What this run can say:** " + ("; ".join(decided) if decided else "nothing decided") + ". "
+                 + ("**Undecided:** " + "; ".join(open_) + "." if open_ else "Nothing stays undecided."))
+    return " ".join(parts)
