@@ -273,15 +273,17 @@ def describe(run: results.Run) -> dict:
 
 
 def summary(run: results.Run) -> dict:
-    """The key numbers of a probe run (its manifest's summary) and the trajectory clusters of its token sample."""
+    """The key numbers of a probe run (its manifest's summary) and the trajectory clusters of its token sample (a
+    weight-noise sensitivity run keeps none)."""
     from depthlib.probes import trajectory
     check_finite(run, delete=False)
     out = {k: v for k, v in run.manifest.get("summary", {}).items() if k not in ("probe_seconds", "vocab_size")}
-    tokens = run.table("tokens")
-    analysis = trajectory.analyze_trajectories(trajectory.theta_matrix(tokens))
-    out["cluster_fractions"] = {k: round(v, 4) for k, v in analysis.fractions.items()}
-    small = trajectory.small_cluster_tokens(tokens, analysis)
-    out["small_cluster"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in small.items()}
+    if run.has("tokens"):
+        tokens = run.table("tokens")
+        analysis = trajectory.analyze_trajectories(trajectory.theta_matrix(tokens))
+        out["cluster_fractions"] = {k: round(v, 4) for k, v in analysis.fractions.items()}
+        small = trajectory.small_cluster_tokens(tokens, analysis)
+        out["small_cluster"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in small.items()}
     out["run"] = str(run.path)
     return out
 
