@@ -224,7 +224,7 @@ def non_finite_from(run: results.Run) -> str | None:
     overflows float32 (the metrics' precision): every angle from there on is NaN."""
     layers = run.table("layers")
     bad = layers[layers["metric"].isin(("norms", "theta")) & ~np.isfinite(layers["mean"].to_numpy(float))]
-    tokens = run.table("tokens")
+    tokens = run.table("tokens") if run.has("tokens") else pd.DataFrame()    # a sensitivity run keeps no tokens
     cols = sorted((c for c in tokens.columns if c.startswith("theta_")), key=lambda c: int(c.split("_")[1]))
     bad_cols = [c for c in cols if not np.isfinite(tokens[c].to_numpy(float)).all()]
     if bad.empty and not bad_cols:
