@@ -37,8 +37,15 @@ records the code modules its numbers depend on, derived from the imports of its 
 independent units of work has a ``shards`` module (toy, probes, tracing; the depth series trains one member per unit
 itself): the same run as jobs of an executor, merged into the one-process run's cache key.
 """
-from depthlib.chapters import CHAPTERS
+from depthlib import chapters as _chapters
 from depthlib.errors import InputError
 
 __version__ = "0.1.0"
 __all__ = ["CHAPTERS", "InputError", "__version__"]
+
+
+def __getattr__(name: str):
+    """``depthlib.CHAPTERS`` is the registry as it is now (:func:`depthlib.chapters.register` rebinds it)."""
+    if name == "CHAPTERS":
+        return _chapters.CHAPTERS
+    raise AttributeError(f"module 'depthlib' has no attribute {name!r}")

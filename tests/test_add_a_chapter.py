@@ -60,6 +60,8 @@ def tiny(tmp_path, monkeypatch):
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
     chapter = chapters.register(chapters.Chapter(number, NAME, "A tiny chapter", (NAME,), package=NAME,
                                                  notebook_dir=str(notebooks)))
+    import depthlib
+    assert depthlib.CHAPTERS[-1] is chapter          # the package's name for the registry sees it too
     try:
         yield chapter
     finally:
