@@ -1166,6 +1166,9 @@ def _environment_error(err: BaseException) -> str:
     in_cache = where is None or where.resolve().is_relative_to(paths.cache_dir().resolve())
     move = "point DEPTHLIB_CACHE_DIR at a writable folder" if in_cache else "make it writable or write elsewhere"
     code = getattr(err, "errno", None)
+    if isinstance(err, FileNotFoundError):     # reading, not writing: a file or a run's table that is not there
+        return (f"no file or folder {where}" if where is not None
+                else f"{str(err).splitlines()[0]}: the run is incomplete; compute it again (--force)")
     if code == errno.ENOSPC or "No space left" in str(err):
         what = "the disk is full"
         hint = "free some space" + (", or point DEPTHLIB_CACHE_DIR at another disk" if in_cache else "")

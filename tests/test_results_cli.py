@@ -195,6 +195,16 @@ def test_unwritable_place_outside_the_cache_gets_no_cache_hint(tmp_path, monkeyp
     assert "DEPTHLIB_CACHE_DIR" not in line
 
 
+def test_a_missing_table_is_not_reported_as_a_write_failure(tmp_path, monkeypatch):
+    """Reading a table a run lacks (an incomplete run) says so, not 'cannot write the cache'; a missing file is named."""
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
+    line = cli._environment_error(FileNotFoundError("run toy/abc has no table 'curves'"))
+    assert line.startswith("run toy/abc has no table 'curves': the run is incomplete") and "write" not in line
+    gone = tmp_path / "gone.csv"
+    line = cli._environment_error(FileNotFoundError(errno.ENOENT, "No such file or directory", str(gone)))
+    assert line == f"no file or folder {gone}"
+
+
 @pytest.mark.parametrize("argv, said", [([], "no command"), (["frob"], "unknown command 'frob'"),
                                         (["commit"], "commit: name the run folder(s) to commit")])
 def test_a_missing_or_unknown_command_is_one_line(argv, said, capsys):
