@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from depthlib import chapters, cli
+from depthlib import chapters, cli, settings
 from depthlib.errors import InputError
 
 
@@ -157,25 +157,25 @@ def test_settings_are_read_as_their_fields_types():
     from depthlib.toy import chapter as toy
     from depthlib.tracing import chapter as tracing
     base = toy.PROFILES["smoke"]
-    out, changed = cli.apply_settings(base, [("--set", "depths=1,2, 4"), ("--set", "steps=7"), ("--set", "batch=8"),
+    out, changed = settings.apply_settings(base, [("--set", "depths=1,2, 4"), ("--set", "steps=7"), ("--set", "batch=8"),
                                              ("--set", "cells=[(0.0, 1), (1.0, 0.5)]"), ("--set", "variant=exp-9")],
                                       within="sweep")
     assert changed == ("sweep.depths", "sweep.steps", "sweep.batch", "sweep.cells", "sweep.variant")
     assert out.sweep.depths == (1, 2, 4) and out.sweep.steps == 7 and out.sweep.variant == "exp-9"
     assert out.sweep.cells == ((0.0, 1.0), (1.0, 0.5)) and isinstance(out.sweep.cells[0][1], float)
     assert out.converged == base.converged and out.sweep.profile == "smoke"   # the label is the chapter's business
-    p, _ = cli.apply_settings(probes.PROFILES["cpu"], [("--set", "models=a,b"), ("--set", "lens_tokens_per_doc=none"),
+    p, _ = settings.apply_settings(probes.PROFILES["cpu"], [("--set", "models=a,b"), ("--set", "lens_tokens_per_doc=none"),
                                                        ("--set", "sensitivity_noise=0,0.5"), ("--set", "lenses=no")])
     assert p.models == ("a", "b") and p.config.lens_tokens_per_doc is None and p.config.lenses is False
     assert p.sensitivity_noise == (0.0, 0.5) and all(isinstance(v, float) for v in p.sensitivity_noise)
-    t, _ = cli.apply_settings(tracing.PROFILES["cpu"], [("--set", "fact_kinds=block,mlp"), ("--set", "window=3")])
+    t, _ = settings.apply_settings(tracing.PROFILES["cpu"], [("--set", "fact_kinds=block,mlp"), ("--set", "window=3")])
     assert t.fact_kinds == ("block", "mlp") and t.window == 3
-    c, _ = cli.apply_settings(compose.PROFILES["smoke"], [("--set", "text.train.steps=10")])
+    c, _ = settings.apply_settings(compose.PROFILES["smoke"], [("--set", "text.train.steps=10")])
     assert c.text.train.steps == 10 and c.run == compose.PROFILES["smoke"].run
     with pytest.raises(InputError, match=r"^--set text.train.steps: steps must be in \[5, "):   # validate() says
-        cli.apply_settings(compose.PROFILES["smoke"], [("--set", "text.depths=1,2"), ("--set", "text.train.steps=3")])
+        settings.apply_settings(compose.PROFILES["smoke"], [("--set", "text.depths=1,2"), ("--set", "text.train.steps=3")])
     with pytest.raises(InputError, match=r"^--set name: .* has no field 'name'"):      # names a profile: not a setting
-        cli.apply_settings(toy.PROFILES["smoke"], [("--set", "name=x")])
+        settings.apply_settings(toy.PROFILES["smoke"], [("--set", "name=x")])
 
 
 def test_set_makes_custom_settings_and_chooses_the_parts_it_changed(recorded, capsys):
