@@ -13,12 +13,14 @@ claim holds qualitatively, bounded half-way between the paper's value and what t
 
 1. no number → **not tested here**;
 2. the interval lies wholly outside the region → **contradicted**;
-3. the interval reaches outside the region (it straddles an edge) → **not reproduced**: the run cannot decide;
+3. the interval reaches outside the region (it straddles an edge) → **undecided**: the run cannot decide; so is a
+   number without an interval, or from students or models that are still improving (not certified, still moving);
 4. the interval lies inside the region and contains the paper's value → **reproduced**;
-5. inside the region but missing the paper's value → **partly** (the qualitative claim holds, the number does not).
+5. inside the region but missing the paper's value → **differs** (the qualitative claim holds, the number does not:
+   the table says by how much).
 
-A claim without a paper value (the book's own predictions) is *reproduced* under rule 4 whenever rule 5 would
-apply. A row that covers several models takes the weakest of their statuses.
+A claim without a paper value (the book's own predictions) **holds** under rules 4 and 5. A row that covers several
+models takes the weakest of their statuses.
 
 Each chapter is read by one small adapter function (``_chapter1`` … ``_chapter7``) that takes the parts its
 notebook shows; all the numbers come from the chapters' public analysis functions.
@@ -39,9 +41,9 @@ from depthlib.chapters import by_name
 from depthlib.errors import InputError
 from depthlib.selection import shown_runs
 
-STATUSES = ("reproduced", "partly", "not reproduced", "contradicted", "not tested here")
+STATUSES = ("reproduced", "holds", "differs", "undecided", "contradicted", "not tested here")
 #: how a row covering several models is summarised: the weakest status wins
-_WEAKNESS = {"not tested here": 4, "contradicted": 3, "not reproduced": 2, "partly": 1, "reproduced": 0}
+_WEAKNESS = {"not tested here": 5, "contradicted": 4, "undecided": 3, "differs": 2, "holds": 0, "reproduced": 0}
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Measurement:
     hi: float | None = None
     profile: str | None = None
     note: str = ""
-    converged: bool = True      # False: from students or models still improving, which decides nothing
+    converged: bool = True      # False: from students or models still improving: undecided
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,23 @@ class Row:
         if not self.measurements:
             return "not tested here"
         each = [status(self.claim.paper, self.claim.region, m.value, m.lo, m.hi)
-                if m.converged and m.lo is not None and m.hi is not None else "not reproduced"
+                if m.converged and m.lo is not None and m.hi is not None else "undecided"
                 for m in self.measurements]
         return max(each, key=_WEAKNESS.__getitem__)
+
+    @property
+    def how_much(self) -> str:
+        """For a row that *differs*: how far the paper's value lies outside each interval that misses it."""
+        c, out = self.claim, []
+        for m in self.measurements:
+            if (c.paper is None or m.lo is None or m.hi is None or not m.converged
+                    or status(c.paper, c.region, m.value, m.lo, m.hi) != "differs"):
+                continue
+            k = 100.0 if c.percent else 1.0
+            gap, side = (c.paper - m.hi, "above") if c.paper > m.hi else (m.lo - c.paper, "below")
+            out.append(f"the paper's value is {_fmt(k * gap, c.digits)}{' points' if c.percent else ''} {side} "
+                       + (f"{m.model}'s interval" if len(self.measurements) > 1 else "the interval"))
+        return "; ".join(out)
 
 
 def status(paper: float | None, region: tuple[float, float], value: float | None,
@@ -102,10 +118,28 @@ def status(paper: float | None, region: tuple[float, float], value: float | None
     if hi < r_lo or lo > r_hi:
         return "contradicted"
     if lo < r_lo or hi > r_hi:
-        return "not reproduced"
-    if paper is None or lo <= paper <= hi:
+        return "undecided"
+    if paper is None:
+        return "holds"
+    if lo <= paper <= hi:
         return "reproduced"
-    return "partly"
+    return "differs"
+
+
+def region_status(claim: "Claim", value: float, lo: float, hi: float) -> tuple[str, str]:
+    """A part's own verdict row on ``claim``'s region, in three words, and why: *holds* (the interval lies inside the
+    region: :func:`status` says reproduced, holds or differs), *contradicted* (wholly outside) or *undecided*
+    (straddling an edge, or no interval)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "undecided", "no interval"
+    s = status(claim.paper, claim.region, value, lo, hi)
+    if s in ("reproduced", "holds", "differs"):
+        paper = "" if claim.paper is None else (f"; it {'contains' if lo <= claim.paper <= hi else 'misses'} the "
+                                               f"paper's {claim.paper:g}")
+        return "holds", f"the interval [{lo:.2f}, {hi:.2f}] lies inside the region{paper}"
+    if s == "contradicted":
+        return "contradicted", f"the interval [{lo:.2f}, {hi:.2f}] lies wholly outside the region"
+    return "undecided", f"the interval [{lo:.2f}, {hi:.2f}] straddles an edge of the region"
 
 
 PI = math.pi
@@ -131,6 +165,9 @@ CLAIMS: tuple[Claim, ...] = (
           "α_ℓ > 2", "ch3-calibration"),
     Claim("independent_alpha", 3, "Toy, independent teacher (an ensemble): α_ℓ ≈ 1 at every T", 1.0, "≈ 1",
           (0.0, 2.0), "α_ℓ < 2", "ch3-calibration"),
+    Claim("tied_minus_independent", 3, "Toy: the calibration's step, a smooth flow's students have the larger depth "
+          "exponent: α_ℓ(tied) − α_ℓ(independent) ≈ 2", 2.0, "3 − 1 = 2", (1.0, math.inf),
+          "difference > 1 (half-way from no difference)", "ch3-calibration"),
     Claim("low_t_incomplete", 3, "Toy, tied teacher at low T: α_ℓ ≈ 1 is incomplete training (→ 3 when trained "
           "longer)", 3.0, "→ 3 with longer training", (2.0, math.inf), "α_ℓ > 2 after converged training",
           "ch3-calibration"),
@@ -272,7 +309,8 @@ def _converged_summary(parts: dict[str, results.Run | None]) -> tuple[pd.DataFra
     """Chapter 3's calibration exponents (teacher, temperature, alpha, lo, hi, replicates), with how many of the
     fitted students are converged (``n_converged`` of ``n_students``), its profile and the protocol's name, from the
     protocol runs among chapter 3's shown ``parts``: the ``certified`` run (its envelope; converged = certified by a
-    continuation) when the chapter shows one, else the ``converged`` run (converged = its 1 % rule)."""
+    continuation) when the chapter shows one, else the ``converged`` run (its 1 % rule, which certifies nothing: its
+    rows are undecided)."""
     run = parts.get("certified")
     if run is not None and {"alpha_summary", "certified"} <= set(run.tables()):
         summary = run.table("alpha_summary")
@@ -287,7 +325,7 @@ def _converged_summary(parts: dict[str, results.Run | None]) -> tuple[pd.DataFra
     best = run.table("best")
     counts = best.groupby(["teacher", "temperature"])["converged"].agg(n_converged="sum", n_students="size")
     return (run.table("alpha_summary").merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
-            "converged-loss protocol", "converged")
+            "converged-loss protocol", "met its 1 % rule (a rule a schedule can meet, not a certificate)")
 
 
 def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
@@ -296,6 +334,7 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     out: dict[str, list[Measurement]] = {}
     conv, conv_profile, protocol, word = _converged_summary(parts)
     if conv is not None:
+        certifies = word == "certified"          # only the certified protocol's students can decide a row
         for teacher, key in (("tied", "tied_alpha"), ("independent", "independent_alpha")):
             t = conv[conv["teacher"] == teacher]
             if len(t):
@@ -304,7 +343,17 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                         float(r["lo"]), float(r["hi"]), conv_profile,
                                         f"{protocol}, {int(r['replicates'])} replicate(s); "
                                         f"{int(r['n_converged'])} of {int(r['n_students'])} students {word}",
-                                        converged=bool(r["n_converged"] == r["n_students"]))]
+                                        converged=certifies and bool(r["n_converged"] == r["n_students"]))]
+        source = parts.get("certified" if certifies else "converged")
+        sep = source.table("separation") if "separation" in source.tables() else pd.DataFrame()
+        if len(sep):
+            r = sep[sep["fit"] == "all depths"].iloc[0] if "fit" in sep else sep.iloc[0]
+            at = conv[conv["temperature"] == float(r.get("temperature", 1.0))]
+            out["tied_minus_independent"] = [Measurement(
+                f"toy, tied − independent, T = {float(r.get('temperature', 1.0)):g}", float(r["diff"]), float(r["lo"]),
+                float(r["hi"]), conv_profile, f"{protocol}, paired by replicate ({int(r['n'])}); "
+                f"{int(at['n_converged'].sum())} of {int(at['n_students'].sum())} students {word}",
+                converged=certifies and bool((at["n_converged"] == at["n_students"]).all()))]
         tied = conv[conv["teacher"] == "tied"]
         if len(tied):
             r = tied.loc[tied["temperature"].idxmin()]
@@ -312,7 +361,7 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                                    float(r["lo"]), float(r["hi"]), conv_profile,
                                                    f"{protocol}; {int(r['n_converged'])} of "
                                                    f"{int(r['n_students'])} students {word}",
-                                                   converged=bool(r["n_converged"] == r["n_students"]))]
+                                                   converged=certifies and bool(r["n_converged"] == r["n_students"]))]
     elif "calibration" in chapter.SHOWN_PARTS:
         cal = {kind: run for kind, run in chapter.calibration_parts(parts).items() if run is not None}
         if cal:
@@ -332,7 +381,7 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
             out["student_signatures"] = [Measurement(
                 "toy students, ρ = 0 (phase diagram)", float(students.mean()), float(students.min()),
                 float(students.max()), run.profile, f"mean over {len(students)} (T, depth) cells; range, not a "
-                "95 % interval")]
+                f"95 % interval; {run.config['steps']:,}-step students, not certified", converged=False)]
     return out
 
 
@@ -384,10 +433,12 @@ def _chapter6(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     n = int(theta["n_depths"])
     return {
         "series_alpha": [Measurement(model, alpha["value"], alpha["lo"], alpha["hi"], run.profile,
-                                     "95 % bootstrap over held-out addresses")],
+                                     "95 % bootstrap over held-out addresses; members not certified (no "
+                                     "continuation was run)", converged=False)],
         "angle_depth": [Measurement(f"depth series, {n} depths with middle blocks", theta["value"],
                                     *t_interval(theta["value"], theta["se"], n - 2), run.profile,
-                                    f"least-squares t interval over {n} points ({n - 2} degree(s) of freedom)")],
+                                    f"least-squares t interval over {n} points ({n - 2} degree(s) of freedom); "
+                                    "members not certified", converged=False)],
     }
 
 
@@ -398,22 +449,21 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     if run is None:
         return {}
     alphas = analysis.alpha_table(run)
-    converged = bool(run.table("members")["converged"].all())
+    # its members met a rule of little change at the end of their schedule, which certifies nothing (chapter 3)
     out: dict[str, list[Measurement]] = {"hierarchical": [], "looped": []}
     for r in alphas.itertuples():
         if not r.defined:
             continue
         law = "excess over the Bayes loss" if r.law == "excess" else "L∞ + c·ℓ^−α, free floor"
         m = Measurement(f"{r.family}, effective depths {r.depths} (RHM; {law})", r.value, r.lo, r.hi, run.profile,
-                        f"95 % t interval over {r.n_seeds} replicates", converged=converged)
+                        f"95 % t interval over {r.n_seeds} replicates; members not certified", converged=False)
         out["hierarchical" if r.family == "untied" else "looped"].append(m)
     text = parts.get("text")
     if text is not None:
-        members = text.table("members")
         out["looped_text"] = [
             Measurement(f"{r.family}, effective depths {r.depths} (text; L∞ + c·ℓ^−α)", r.alpha, r.lo, r.hi,
-                        text.profile, "95 % bootstrap over held-out documents (one seed)",
-                        converged=bool(members.loc[members["family"] == r.family, "converged"].all()))
+                        text.profile, "95 % bootstrap over held-out documents (one seed); members not certified",
+                        converged=False)
             for r in analysis.text_alphas(text).itertuples() if r.shown and r.family != "untied"]
     return out
 
@@ -456,7 +506,7 @@ def verdict(profile: str = "cpu", *, rerun: bool = False, chapters: Sequence[int
         ms = [m for m in found.get(c.key, []) if m.value is not None and math.isfinite(m.value)]
         # a number from students that are still improving decides nothing: say how many were not converged
         note = "; ".join(n for n in (NOTES.get(c.key, ""),
-                                     *(f"not converged: {m.note}" for m in ms if not m.converged and m.note)) if n)
+                                     *(m.note for m in ms if not m.converged and m.note)) if n)
         if c.chapter in failed:
             note = f"its run could not be read ({failed[c.chapter]})"
         rows.append(Row(c, ms, note))
@@ -486,38 +536,40 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
             "chapter": c.chapter, "claim": c.claim, "paper": c.paper_text,
             "this book (95 % interval)": "; ".join(f"{m.model}: {_number(m, c.digits, c.percent)}" for m in ms) or "—",
             "profile": ", ".join(sorted({m.profile or "?" for m in ms})) or "—",
-            "status": r.status, "holds if": c.region_text})
+            "status": r.status + (f" ({r.how_much})" if r.how_much else ""), "holds if": c.region_text})
     return pd.DataFrame(out)
 
 
 def markdown(rows: Sequence[Row], link: Callable[[Claim], str] | None = None) -> str:
     """A MyST markdown table of the rows; ``link`` gives each row's section link (default: a ``{ref}`` role)."""
     link = link or (lambda c: f"{{ref}}`ch. {c.chapter} <{c.section}>`")
-    lines = ["| claim | paper | this book: value [95 % interval] · model | profile | status | section |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| claim | paper | holds if | this book: value [95 % interval] · model | profile | status | section |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r.claim
         numbers = "<br>".join(f"{_number(m, c.digits, c.percent)} · {m.model}" for m in r.measurements) or "—"
         note = f" <br><small>{r.note}</small>" if r.note else ""
         profile = ", ".join(sorted({m.profile or "?" for m in r.measurements})) or "—"
-        lines.append(f"| {c.claim}{note} | {c.paper_text} | {numbers} | {profile} | **{r.status}** | {link(c)} |")
+        much = f" <br><small>{r.how_much}</small>" if r.how_much else ""
+        lines.append(f"| {c.claim}{note} | {c.paper_text} | {c.region_text} | {numbers} | {profile} | "
+                     f"**{r.status}**{much} | {link(c)} |")
     return "\n".join(lines) + "\n"
 
 
 RULE_TEXT = ("**How a status is decided.** Each claim holds *qualitatively* in a region of values bounded half-way "
-             "between the paper's value and what the rival mechanism predicts (column *holds if* in "
-             "`depthlib.verdict`). A 95 % interval wholly outside the region: **contradicted**; reaching outside "
-             "it: **not reproduced** (the run cannot decide); inside it and containing the paper's value: "
-             "**reproduced**; inside it but missing the paper's value: **partly**; no run: **not tested here**. "
-             "A number from students or models that are still improving, or a number without an interval, decides "
-             "nothing: **not reproduced**. "
+             "between the paper's value and what the rival mechanism predicts (column *holds if*). A 95 % interval "
+             "wholly outside the region: **contradicted**; reaching outside it: **undecided** (the run cannot "
+             "decide); inside it and containing the paper's value: **reproduced**; inside it but missing the "
+             "paper's value: **differs** (the direction holds, the number does not); for the book's own predictions "
+             "(no paper value), inside it: **holds**; no run: **not tested here**. A number from students or models "
+             "that are still improving (not certified), or a number without an interval, is **undecided**. "
              "A row over several models shows the weakest status.")
 
 
 def chapter_table(chapter: int, profile: str = "cpu", *, rerun: bool = False) -> pd.DataFrame:
     """The compact verdict table of one chapter, for its conclusion: one row per claim, indexed by the claim."""
     rows = verdict(profile, rerun=rerun, chapters=[chapter])
-    cols = ["claim", "paper", "this book (95 % interval)", "profile", "status"]
+    cols = ["claim", "paper", "holds if", "this book (95 % interval)", "profile", "status"]
     return table(rows)[cols].set_index("claim")
 
 
@@ -527,7 +579,7 @@ def chapter_summary(chapter: int, profile: str = "cpu", *, rerun: bool = False) 
     for r in verdict(profile, rerun=rerun, chapters=[chapter]):
         c = r.claim
         numbers = "; ".join(f"{m.model}: {_number(m, c.digits, c.percent)}" for m in r.measurements) or "no run"
-        lines.append(f"- {c.claim} (paper: {c.paper_text}) — {numbers} → **{r.status}**"
+        lines.append(f"- {c.claim} (paper: {c.paper_text}; holds if {c.region_text}) — {numbers} → **{r.status}**"
                      + (f" ({r.measurements[0].note})" if r.measurements and r.measurements[0].note else ""))
     return "\n".join(lines)
 

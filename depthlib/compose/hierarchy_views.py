@@ -268,19 +268,6 @@ def _open(source, task: str | None = None, family: str | None = None) -> pd.Data
     return m[~m["certified"].astype(bool)]
 
 
-def _region_status(claim, value: float, lo: float, hi: float) -> tuple[str, str]:
-    """holds / contradicted / undecided of one interval against ``claim``'s region (:func:`depthlib.verdict.status`:
-    inside → holds, wholly outside → contradicted, straddling an edge → undecided) and why."""
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return "undecided", "no interval"
-    s = verdict.status(claim.paper, claim.region, value, lo, hi)
-    if s in ("reproduced", "partly"):
-        return "holds", f"the interval [{lo:.2f}, {hi:.2f}] lies inside the region"
-    if s == "contradicted":
-        return "contradicted", f"the interval [{lo:.2f}, {hi:.2f}] lies wholly outside the region"
-    return "undecided", f"the interval [{lo:.2f}, {hi:.2f}] straddles an edge of the region"
-
-
 def _row(key, claim, prediction, would_contradict, measured, status, reason) -> dict:
     return {"key": key, "claim": claim, "prediction": prediction, "would_contradict": would_contradict,
             "measured": measured, "status": status, "reason": reason}
@@ -410,7 +397,7 @@ def _exponent_row(source, key: str, claim_key: str, task: str, families: tuple[s
         elif not bool(r["shown"]):
             statuses.append(("undecided", f"{family}: not shown ({r['why_not']})"))
         else:
-            st, why = _region_status(claim, float(r["alpha"]), float(r["lo"]), float(r["hi"]))
+            st, why = verdict.region_status(claim, float(r["alpha"]), float(r["lo"]), float(r["hi"]))
             statuses.append((st, f"{family}: {why}"))
     # several families: the weakest status wins, as in the book's verdict (contradicted, then undecided, then holds)
     found = {st for st, _ in statuses}

@@ -287,21 +287,6 @@ def _gating(source) -> str:
     return " and ".join(why)
 
 
-def _region_status(claim, value: float, lo: float, hi: float) -> tuple[str, str]:
-    """holds / contradicted / undecided of one interval against ``claim``'s region (:func:`depthlib.verdict.status`:
-    inside → holds, wholly outside → contradicted, straddling an edge → undecided) and why."""
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return "undecided", "no interval"
-    s = verdict.status(claim.paper, claim.region, value, lo, hi)
-    if s in ("reproduced", "partly"):
-        paper = "" if claim.paper is None else (f"; it {'contains' if lo <= claim.paper <= hi else 'misses'} the "
-                                               f"paper's {claim.paper:g}")
-        return "holds", f"the interval [{lo:.2f}, {hi:.2f}] lies inside the region{paper}"
-    if s == "contradicted":
-        return "contradicted", f"the interval [{lo:.2f}, {hi:.2f}] lies wholly outside the region"
-    return "undecided", f"the interval [{lo:.2f}, {hi:.2f}] straddles an edge of the region"
-
-
 def _row(key, claim, prediction, would_contradict, measured, status, reason) -> dict:
     return {"key": key, "claim": claim, "prediction": prediction, "would_contradict": would_contradict,
             "measured": measured, "status": status, "reason": reason}
@@ -398,7 +383,7 @@ def _alpha_row(source) -> dict:
     elif not defined_exponent(float(a["value"])) or bool(point["at_bound"]):
         status, reason = "undecided", "the fit is undefined or at a bound of the searched range α ∈ [0.02, 8]"
     else:
-        status, reason = _region_status(ALPHA_CLAIM, float(a["value"]), float(a["lo"]), float(a["hi"]))
+        status, reason = verdict.region_status(ALPHA_CLAIM, float(a["value"]), float(a["lo"]), float(a["hi"]))
     if not every:
         measured += "; not every member is certified, so these are not converged losses"
     return _row("alpha", "A depth series trained until α_ℓ stops moving: α_ℓ ≈ 1", f"{ALPHA_CLAIM.region_text} "
@@ -419,7 +404,7 @@ def _sensitivity_row(source) -> dict:
                                            if s["n_undefined"] else "")
     gate = _gating(source)
     statuses = [("undecided", f"without ℓ = {int(r.left_out)}: the fit is undefined or at a search bound")
-                if not defined_exponent(float(r.alpha)) else _region_status(ALPHA_CLAIM, r.alpha, r.lo, r.hi)
+                if not defined_exponent(float(r.alpha)) else verdict.region_status(ALPHA_CLAIM, r.alpha, r.lo, r.hi)
                 for r in drops.itertuples()]
     if gate:
         status, reason = "undecided", gate
@@ -471,7 +456,7 @@ def _theta_row(source) -> dict:
     elif open_:
         status, reason = "undecided", f"{open_} of {len(m)} members are not certified (probes of unconverged models)"
     else:
-        status, reason = _region_status(THETA_CLAIM, t["value"], t["lo"], t["hi"])
+        status, reason = verdict.region_status(THETA_CLAIM, t["value"], t["lo"], t["hi"])
     return _row("alpha_theta", THETA_CLAIM.claim, f"{THETA_CLAIM.region_text.split(' (')[0]} (paper: "
                 f"{THETA_CLAIM.paper_text})", "a 95 % t interval wholly outside [0.5, 1.5]", measured, status,
                 reason)
