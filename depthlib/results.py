@@ -49,6 +49,7 @@ from depthlib.selection import (  # noqa: F401 - one namespace for the chapters
     chapter_run,
     check_profile,
     find_runs,
+    named_settings,
     roots,
     select_run,
     shown_profiles,

@@ -8,6 +8,7 @@ shows it with a visible warning and ``--rerun`` recomputes it.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -26,6 +27,14 @@ def check_profile(profile: str) -> str:
     if profile not in PROFILE_RANK:
         raise InputError(f"unknown profile {profile!r}; use one of {', '.join(PROFILE_RANK[::-1])}")
     return profile
+
+
+def named_settings(settings, profiles: dict, field: str | None = None, label: str = "name"):
+    """``settings`` as they are if they are a profile's own (one of ``profiles``' values, or that value's ``field``:
+    a part's settings), else with their ``label`` field set to :data:`CUSTOM`: a run of custom settings is labelled
+    custom, never taken for a profile's run."""
+    own = [getattr(p, field) if field else p for p in profiles.values()]
+    return settings if settings in own else dataclasses.replace(settings, **{label: CUSTOM})
 
 
 def shown_profiles(profile: str) -> tuple[str, ...]:

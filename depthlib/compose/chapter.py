@@ -11,7 +11,7 @@ committed),
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -187,7 +187,7 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig,
 def labelled(cfg, field: str):
     """A part's settings ``cfg`` (``field`` of :class:`ComposeProfile`) as they are if they are a profile's own, else
     labelled ``custom``."""
-    return cfg if any(getattr(p, field) == cfg for p in PROFILES.values()) else replace(cfg, profile=results.CUSTOM)
+    return results.named_settings(cfg, PROFILES, field, label="profile")
 
 
 def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,

@@ -7,7 +7,7 @@ evaluation), ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -195,7 +195,7 @@ def compute(cfg: SeriesConfig | ConvergedConfig, device: str = "cpu", *, force: 
 
 def labelled(cfg, part: str):
     """A part's settings ``cfg`` as they are if they are a profile's own, else labelled ``custom``."""
-    return cfg if any(getattr(p, part) == cfg for p in PROFILES.values()) else replace(cfg, profile=results.CUSTOM)
+    return results.named_settings(cfg, PROFILES, part, label="profile")
 
 
 def runs(profile: str | LMProfile = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
@@ -297,9 +297,9 @@ def describe_converged(run: results.Run) -> dict:
 
 
 def summary_converged(run: results.Run) -> dict:
-    """The key numbers of a converged series: α_ℓ of the certified members with its interval, α_ℓ at the end of the
-    main training, whether α_ℓ(t) settled and every member is certified (and why not), α_θ, tokens per parameter,
-    what the run cost."""
+    """The key numbers of a converged series: α_ℓ of the members' final stages (certified or not) with its interval,
+    α_ℓ at the end of the main training, whether α_ℓ(t) settled and every member is certified (and why not), α_θ,
+    tokens per parameter, what the run cost."""
     m, d = run.manifest, describe_converged(run)
     return {"run": str(run.path), **{k: d[k] for k in ("profile", "device", "arch", "d_model", "context",
                                                        "vocab_size", "depths", "seeds", "steps", "corpus",

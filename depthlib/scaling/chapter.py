@@ -11,7 +11,6 @@ The config holds the sha256 of the CSV the run was computed from, so another CSV
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +68,7 @@ def settings(profile: str | ScalingProfile) -> ScalingProfile:
     """The settings of ``profile``: a profile's name, or a :class:`ScalingProfile` itself (custom settings, e.g.
     ``depthlib scaling --set``: named ``custom`` unless they are a profile's own, so that their run is labelled so)."""
     if isinstance(profile, ScalingProfile):
-        return profile if profile in PROFILES.values() else dataclasses.replace(profile, name=results.CUSTOM)
+        return results.named_settings(profile, PROFILES)
     results.check_profile(profile)
     return PROFILES[profile]
 

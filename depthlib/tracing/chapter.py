@@ -9,7 +9,6 @@ every kind of the profile) and ``facts_M`` (the fact-set traces at the profile's
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import warnings
@@ -80,7 +79,7 @@ def settings(profile: str | TracingProfile) -> TracingProfile:
     """The settings of ``profile``: a profile's name, or a :class:`TracingProfile` itself (custom settings, e.g.
     ``depthlib tracing --set``: named ``custom`` unless they are a profile's own, so that their runs are labelled so)."""
     if isinstance(profile, TracingProfile):
-        return profile if profile in PROFILES.values() else dataclasses.replace(profile, name=results.CUSTOM)
+        return results.named_settings(profile, PROFILES)
     results.check_profile(profile)
     return PROFILES[profile]
 
