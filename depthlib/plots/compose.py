@@ -33,11 +33,15 @@ def loss_vs_depth(losses: pd.DataFrame, L: int | None, *, excess: bool = True, i
                                  line=dict(color=FAMILY_COLORS.get(family)), marker=dict(size=9),
                                  name=FAMILY_NAMES.get(family, family)))
     if L is not None:
-        fig.add_vline(x=L, line=dict(dash="dot", color="#666"))
-        fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=f"hierarchy depth L = {L}", showarrow=False,
-                           xanchor="left", yanchor="top")
+        _mark_depth(fig, L, f"hierarchy depth L = {L}")
     fig.update_xaxes(**plots.log_ticks(losses["depth"]))
     return fig
+
+
+def _mark_depth(fig: go.Figure, L: int, text: str) -> None:
+    """The grammar's depth L as a dotted vertical line, labelled at the top of a log-x axis."""
+    fig.add_vline(x=L, line=dict(dash="dot", color="#666"))
+    fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=text, showarrow=False, xanchor="left", yanchor="top")
 
 
 def paired_differences(diffs: pd.DataFrame) -> go.Figure:
@@ -226,9 +230,7 @@ def hierarchy_loss_vs_depth(losses: pd.DataFrame, quantity: str, L: int, baselin
     if baseline is not None and np.isfinite(baseline):
         fig.add_hline(y=baseline, line=dict(dash="dash", color="#444"), annotation_text="best n-gram table",
                       annotation_position="top right")
-    fig.add_vline(x=L, line=dict(dash="dot", color="#666"))
-    fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=f"grammar depth L = {L}", showarrow=False,
-                       xanchor="left", yanchor="top")
+    _mark_depth(fig, L, f"grammar depth L = {L}")
     fig.update_xaxes(**plots.log_ticks(g["depth"]))
     return fig
 
