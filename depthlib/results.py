@@ -50,6 +50,7 @@ from depthlib.selection import (  # noqa: F401 - one namespace for the chapters
     check_profile,
     find_runs,
     named_settings,
+    profile_settings,
     roots,
     select_run,
     shown_profiles,

@@ -37,6 +37,14 @@ def named_settings(settings, profiles: dict, field: str | None = None, label: st
     return settings if settings in own else dataclasses.replace(settings, **{label: CUSTOM})
 
 
+def profile_settings(profile, profiles: dict):
+    """The settings of ``profile``: a profile's name (checked), or custom settings themselves (e.g. from ``--set``),
+    labelled custom unless they are a profile's own (:func:`named_settings`)."""
+    if isinstance(profile, str):
+        return profiles[check_profile(profile)]
+    return named_settings(profile, profiles)
+
+
 def shown_profiles(profile: str) -> tuple[str, ...]:
     """Which profiles a chapter built for ``profile`` may show: ``smoke`` only smoke (so the committed notebook
     outputs are reproducible), ``cpu`` a paper or a cpu run, ``paper`` only a paper run."""

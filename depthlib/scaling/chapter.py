@@ -67,10 +67,7 @@ def csv_sha256(path: str | Path | None = None) -> str:
 def settings(profile: str | ScalingProfile) -> ScalingProfile:
     """The settings of ``profile``: a profile's name, or a :class:`ScalingProfile` itself (custom settings, e.g.
     ``depthlib scaling --set``: named ``custom`` unless they are a profile's own, so that their run is labelled so)."""
-    if isinstance(profile, ScalingProfile):
-        return results.named_settings(profile, PROFILES)
-    results.check_profile(profile)
-    return PROFILES[profile]
+    return results.profile_settings(profile, PROFILES)
 
 
 def chapter_config(profile: str | ScalingProfile, data_path: str | Path | None = None) -> dict:

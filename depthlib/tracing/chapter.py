@@ -78,10 +78,7 @@ def _facts_digest(facts: Sequence[Fact]) -> str:
 def settings(profile: str | TracingProfile) -> TracingProfile:
     """The settings of ``profile``: a profile's name, or a :class:`TracingProfile` itself (custom settings, e.g.
     ``depthlib tracing --set``: named ``custom`` unless they are a profile's own, so that their runs are labelled so)."""
-    if isinstance(profile, TracingProfile):
-        return results.named_settings(profile, PROFILES)
-    results.check_profile(profile)
-    return PROFILES[profile]
+    return results.profile_settings(profile, PROFILES)
 
 
 def chapter_config(profile: str | TracingProfile, extra_models: Sequence[str] = ()) -> dict:
