@@ -3,8 +3,9 @@
 The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (three parts shown: ``rhm``,
 the hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy;
 ``text``, the three families on chapter 6's text; and ``hierarchy``, the positive control on an unseen, deeper grammar
-with both of its tasks, certified, :mod:`depthlib.compose.hierarchy`, computed on request until its cpu run is
-committed),
+with both of its tasks, certified, :mod:`depthlib.compose.hierarchy`, and ``text_certified``, the three families on
+chapter 6's text at chapter 6's certified budget, :mod:`depthlib.compose.text_certified`: both computed on request
+until their cpu runs are committed),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
 ``describe``, ``summary`` and ``COMPUTE``.
 """
@@ -17,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime
-from depthlib.compose import hierarchy, looped_toy, text
+from depthlib.compose import hierarchy, looped_toy, text, text_certified
 from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
 from depthlib.compose.hierarchy import HierarchyConfig
@@ -25,9 +26,11 @@ from depthlib.compose.looped_toy import LoopedToyConfig
 from depthlib.compose.model import ModelConfig
 from depthlib.compose.rhm import RHMConfig
 from depthlib.compose.text import TextConfig
+from depthlib.compose.text_certified import TextCertifiedConfig
 from depthlib.compose.train import TrainConfig
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
+from depthlib.lm import chapter as lm_chapter
 from depthlib.lm.corpus import CorpusConfig
 from depthlib.toy.converged import ConvergedConfig
 
@@ -36,22 +39,25 @@ from depthlib.toy.converged import ConvergedConfig
 COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
            looped_toy.EXPERIMENT: "depthlib.compose.looped_toy:run_looped_toy",
            text.EXPERIMENT: "depthlib.compose.text:run_text",
-           hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:run_hierarchy"}
+           hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:run_hierarchy",
+           text_certified.EXPERIMENT: "depthlib.compose.text_certified:run_text_certified"}
 TOY_EXPERIMENT = looped_toy.EXPERIMENT
 TEXT_EXPERIMENT = text.EXPERIMENT
 HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
+TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
-PARTS = ("rhm", "toy", "text", "hierarchy")
+PARTS = ("rhm", "toy", "text", "hierarchy", "text_certified")
 #: The parts the chapter shows by default: ``hierarchy`` joins them once its cpu run is committed (about two hours)
 SHOWN_PARTS = ("rhm", "toy", "text")
 #: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
-PART_FIELDS = {"rhm": "run", "toy": "toy", "text": "text", "hierarchy": "hierarchy"}
+PART_FIELDS = {"rhm": "run", "toy": "toy", "text": "text", "hierarchy": "hierarchy", "text_certified": "text_certified"}
 
 __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "PARTS", "PART_FIELDS", "PROFILES", "SHOWN_PARTS",
            "TEXT_EXPERIMENT",
            "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe", "describe_hierarchy", "describe_text",
            "describe_toy", "labelled", "profile_config", "replay", "replay_hierarchy", "replay_text", "replay_toy", "runs",
-           "summary", "summary_hierarchy", "summary_text", "summary_toy"]
+           "summary", "summary_hierarchy", "summary_text", "summary_toy", "TEXT_CERTIFIED_EXPERIMENT",
+           "describe_text_certified", "summary_text_certified", "replay_text_certified"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class ComposeProfile(Profile):
     toy: LoopedToyConfig
     text: TextConfig
     hierarchy: HierarchyConfig
+    text_certified: TextCertifiedConfig
 
 
 #: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
@@ -112,6 +119,13 @@ class ComposeProfile(Profile):
 #: three continuations (74 min if the root members from ℓ = 4 stop one earlier, as measured), against 57 min for the
 #: same run with two continuations; that needs two cores of its own — while another 2-process job shares them each
 #: worker gets about 40 % of a core (measured), and the run takes about 3.4 h. Resumable member by member.
+#: The certified text part (:mod:`depthlib.compose.text_certified`): chapter 6's converged series (its profile's
+#: ``converged``) is its untied family and sets its budget, data order and certificate. cpu: looped (effective depths
+#: 3, 4, 6, 8) and tied (1, 2, 3, 4, 6, 8), seed 0 — ten members of 3300 steps × 2048 tokens = 6.76 M tokens, then
+#: continuations of half the steps so far (at most 2). From chapter 6's timed slice (0.076 + 0.0094·ℓ s per step on an
+#: idle core) one step of all ten members costs 1.18 s: 1.6 CPU hours with one continuation each, 2.4 with two, so
+#: 0.8–1.2 h on two one-thread workers, after chapter 6's series (1.6–2.1 h), which it needs. paper: chapter 6's
+#: paper series, depths to 16, three seeds.
 #: paper (a GPU; not measured: no GPU in this session; ``compute(PROFILES["paper"].hierarchy, device="cuda")``): the
 #: grammar (8, 4, 2, 5) — m/v = 1/2 at v = 8, whose top level needs far more samples than the cpu budget; Ω = 3.7·10¹⁹,
 #: so five replicates' 58 M draws would share about 10⁻⁸ sequences with the 8 192 held-out ones — width 128, depths
@@ -134,13 +148,16 @@ PROFILES: dict[str, ComposeProfile] = {
         HierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
                         model=ModelConfig(d_model=16, n_heads=2),
                         train=TrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
-                        certificate=Certificate(max_continuations=1), n_probe=32, n_permutations=2, n_bootstrap=50)),
+                        certificate=Certificate(max_continuations=1), n_probe=32, n_permutations=2, n_bootstrap=50),
+        TextCertifiedConfig("smoke", series=lm_chapter.PROFILES["smoke"].converged, depths=(1, 2, 4, 8),
+                            n_bootstrap=50)),
     "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
                           LoopedToyConfig("cpu", ConvergedConfig(
                               "cpu", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48),
                               steps_deepest=3_000), continuations=0),
                           TextConfig("cpu"),
-                          HierarchyConfig("cpu", certificate=Certificate(max_continuations=3))),
+                          HierarchyConfig("cpu", certificate=Certificate(max_continuations=3)),
+                          TextCertifiedConfig("cpu", series=lm_chapter.PROFILES["cpu"].converged)),
     "paper": ComposeProfile("paper", ComposeConfig(
         "paper", grammar=RHMConfig(v=16, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24),
         seeds=(0, 1, 2, 3, 4), model=ModelConfig(d_model=128, n_heads=4),
@@ -155,7 +172,9 @@ PROFILES: dict[str, ComposeProfile] = {
                         seeds=(0, 1, 2, 3, 4),
                         model=ModelConfig(d_model=128, n_heads=4),
                         train=TrainConfig(steps=20_000, batch_size=256, lr=1e-3, evals=20, n_held_out=8192),
-                        n_probe=2048, n_permutations=8, n_bootstrap=2000)),
+                        n_probe=2048, n_permutations=8, n_bootstrap=2000),
+        TextCertifiedConfig("paper", series=lm_chapter.PROFILES["paper"].converged,
+                            depths=(1, 2, 3, 4, 6, 8, 12, 16), seeds=(0, 1, 2))),
 }
 
 
@@ -164,7 +183,8 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
     return PROFILES[profile].run.validate()
 
 
-def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig, *, force: bool = False,
+def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig | TextCertifiedConfig, *,
+            force: bool = False,
             progress: bool = True, jobs: int | None = None, device: str = "cpu") -> results.Run:
     """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
     for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s, for the text part
@@ -175,6 +195,9 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig,
     if isinstance(cfg, HierarchyConfig):
         return hierarchy.run_hierarchy(cfg, jobs=jobs or hierarchy.default_jobs(), device=device, force=force,
                                        progress=progress)
+    if isinstance(cfg, TextCertifiedConfig):
+        return text_certified.run_text_certified(cfg, device, jobs=jobs or os.cpu_count() or 1, force=force,
+                                                 progress=progress)
     if device != "cpu":
         raise InputError(f"this part of chapter 7 trains on the CPU, got device {device!r}")
     if isinstance(cfg, LoopedToyConfig):
@@ -211,7 +234,8 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
         return {part: compute(labelled(getattr(profile, PART_FIELDS[part]), PART_FIELDS[part]).validate(),
                               progress=progress)
                 for part in PARTS if part in parts}
-    experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "text": TEXT_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT}
+    experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "text": TEXT_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT,
+                   "text_certified": TEXT_CERTIFIED_EXPERIMENT}
     configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS}
     return {part: results.chapter_run(
         experiment, profile, lambda a=attr: compute(getattr(PROFILES[profile], a), progress=progress),
@@ -288,6 +312,8 @@ def replay(run: results.Run) -> pd.DataFrame:
         return replay_text(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return replay_hierarchy(run)
+    if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
+        return replay_text_certified(run)
 
     from depthlib.compose import rhm
     from depthlib.compose.train import held_out
@@ -435,6 +461,62 @@ def summary_text(run: results.Run) -> dict:
             "wall_time_s": run.manifest.get("wall_time_s")}
 
 
+def describe_text_certified(run: results.Run) -> dict:
+    """Provenance and settings of a text run at chapter 6's certified budget (the reused families beside chapter 6's
+    untied members)."""
+    c = TextCertifiedConfig.from_dict(run.config)
+    m, series = run.manifest, c.series
+    return {**results.run_info(run), "series_run": m.get("series_run"), "families": ["untied", *c.families],
+            "depths": {f: c.family_depths(f) for f in ("untied", *c.families)}, "seeds": list(c.seeds),
+            "d_model": series.model.d_model, "n_heads": series.model.n_heads, "vocab_size": series.vocab_size,
+            "context": series.model.context, "steps": series.train.steps, "batch_size": series.train.batch_size,
+            "lr": series.train.lr, "tokens_per_member": series.tokens_per_member(),
+            "continuation": series.continuation, "max_continuations": series.max_continuations,
+            "gain_below": series.gain_below, "n_bootstrap": c.n_bootstrap, "tokenizer": m.get("tokenizer"),
+            "n_held_out_documents": len(m.get("held_out_documents", [])), "n_members_trained": len(c.units())}
+
+
+def summary_text_certified(run: results.Run) -> dict:
+    """The key numbers of a certified text run: per family the final held-out loss per effective depth and whether it
+    is certified, α_ℓ with its interval where defined, each reused family's difference from untied, the wall time."""
+    members = run.table("members")
+    return {"run": str(run.path), **{k: v for k, v in describe_text_certified(run).items()
+                                     if k in ("profile", "series_run", "depths", "tokens_per_member")},
+            "losses": {f: {int(r.depth): {"val_loss": float(r.val_loss), "certified": bool(r.certified)}
+                           for r in g.itertuples()} for f, g in members.groupby("family", sort=False)},
+            **run.manifest.get("summary", {}), "wall_time_s": run.manifest.get("wall_time_s")}
+
+
+def replay_text_certified(run: results.Run) -> pd.DataFrame:
+    """Retrain the run's first member trained here (deepest first) up to its first held-out evaluation with the current
+    code; its committed and recomputed losses at step 0 and there (:func:`_replayed_losses`)."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from depthlib.lm import series as lm_series
+    from depthlib.lm.families import build_family_model
+    from depthlib.lm.train import train_model
+    cfg = TextCertifiedConfig.from_dict(run.config)
+    family, depth, seed = cfg.units()[0]
+    first = min(cfg.series.train.eval_every, cfg.series.train.steps)
+    tok, data, _, _ = lm_series.prepare_data(cfg.series.series(), text_certified._series_store(cfg))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:     # the checkpoint written at that evaluation holds the curve
+            ckpt = Path(tmp) / "checkpoint.pt"
+            model = build_family_model(cfg.series.model, family, depth, len(tok), seed, tok.eos_token_id)
+            train_model(model, data, cfg.series.train, seed=seed, checkpoint=ckpt, stop_at_step=first)
+            curve = pd.DataFrame(torch.load(ckpt, weights_only=False)["curve"])
+    finally:
+        torch.set_num_threads(threads)
+    c = run.table("curves")
+    mine = c[(c["family"] == family) & (c["depth"] == depth) & (c["seed"] == seed) & (c["stage"] == "main")]
+    return _replayed_losses(run, mine, curve, (0, first), {"family": family, "depth": depth, "seed": seed})
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == TOY_EXPERIMENT:
@@ -443,6 +525,8 @@ def describe(run: results.Run) -> dict:
         return describe_text(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return describe_hierarchy(run)
+    if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
+        return describe_text_certified(run)
     c = from_dict(ComposeConfig, run.config)
     g = c.grammar
     return {**results.run_info(run), "grammar": {"v": g.v, "m": g.m, "s": g.s, "L": g.L, "seed": g.seed},
@@ -479,6 +563,8 @@ def summary(run: results.Run) -> dict:
         return summary_text(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return summary_hierarchy(run)
+    if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
+        return summary_text_certified(run)
     d = describe(run)
     alphas = analysis.alpha_table(run)
     losses = analysis.loss_table(run)

@@ -64,10 +64,11 @@ from depthlib.errors import InputError
 from depthlib.lm import budget, fit, series, stopping
 from depthlib.lm.continuation import GAIN_BELOW, Stage, certify, continue_member, stage_from_record
 from depthlib.lm.corpus import CorpusConfig, TokenData
-from depthlib.lm.model import ModelConfig, build_model, flops_per_token, parameter_counts
+from depthlib.lm.families import build_family_model
+from depthlib.lm.model import ModelConfig, flops_per_token, parameter_counts
 from depthlib.lm.series import SeriesConfig
 from depthlib.lm.tokenizer import tokenizer_digest
-from depthlib.lm.train import TrainConfig
+from depthlib.lm.train import TrainConfig, train_model
 from depthlib.validate import finite, int_in_range, resolve_device
 
 EXPERIMENT = "lm-converged"
@@ -136,8 +137,10 @@ class ConvergedConfig(Profile):
         return self.train.steps * self.tokens_per_step()
 
 
-def unit_name(depth: int, seed: int) -> str:
-    return f"d{depth:03d}_s{seed}"
+def unit_name(depth: int, seed: int, family: str = "untied") -> str:
+    """A member's name in ``units/``: ``d004_s0``; a member of another family (:mod:`depthlib.lm.families`)
+    ``looped_d004_s0``."""
+    return f"d{depth:03d}_s{seed}" if family == "untied" else f"{family}_d{depth:03d}_s{seed}"
 
 
 def _store(run: results.Run) -> results.Run:
@@ -176,22 +179,28 @@ def _save_stage(store: results.Run, name: str, stage: Stage) -> Stage:
 
 
 def train_member(cfg: ConvergedConfig, depth: int, seed: int, tok, data: TokenData, pieces, device: str,
-                 store: results.Run, on_step=None) -> dict[str, pd.DataFrame]:
+                 store: results.Run, on_step=None, family: str = "untied") -> dict[str, pd.DataFrame]:
     """Train member (depth, seed) — main training, then continuations until one gains < ``gain_below``
     (:func:`depthlib.lm.continuation.certify`) — probe the certified member and return its tables (``MEMBER_TABLES``
     without ``member``) plus ``model`` (the certified weights, loaded) under ``_model``. Every stage is resumed from
-    ``store`` (finished) or its checkpoint (mid-way). ``on_step(stage, step, loss)`` is called after each step."""
-    name, scfg = unit_name(depth, seed), cfg.series()
+    ``store`` (finished) or its checkpoint (mid-way). ``on_step(stage, step, loss)`` is called after each step.
+    ``family``: chapter 6's model (``untied``) or the same model with its depth reused (:mod:`depthlib.lm.families`),
+    trained the same way; ``depth`` is then the effective depth."""
+    name, scfg = unit_name(depth, seed, family), cfg.series()
 
     def hook(stage):
         return None if on_step is None else (lambda step, loss: on_step(stage, step, loss))
 
+    def fresh():
+        return build_family_model(cfg.model, family, depth, len(tok), seed, tok.eos_token_id).to(device)
+
     main = _load_stage(store, name, "main")
     if main is None:
-        rec = series.train_unit(scfg, depth, seed, tok, data, pieces, device, checkpoint=_checkpoint(store, name, "main"),
-                                on_step=hook("main"))
-        main = _save_stage(store, name, stage_from_record("main", rec["model"], rec, 0, cfg.train.steps))
-    model = build_model(cfg.model, depth, len(tok), seed, tok.eos_token_id).to(device)
+        model = fresh()
+        rec = train_model(model, data, cfg.train, seed=seed, checkpoint=_checkpoint(store, name, "main"),
+                          on_step=hook("main"))
+        main = _save_stage(store, name, stage_from_record("main", model, rec, 0, cfg.train.steps))
+    model = fresh()
 
     def continue_from(best: Stage, k: int) -> Stage:
         done = _load_stage(store, name, f"c{k}")

@@ -1,0 +1,119 @@
+"""Chapter 7's families on chapter 6's text at chapter 6's certified budget (depthlib.lm.families,
+depthlib.compose.text_certified), on answers known by construction:
+
+* a tied member is chapter 6's model with one block applied ℓ times: its logits and its tapped hidden states equal those
+  of an untied model whose ℓ blocks are copies of that block, bit for bit (the same operations in the same order);
+* the schedules are chapter 7's own transformer's;
+* a tied member of effective depth 1 *is* chapter 6's untied member of depth 1 (same seed, same initialisation, same
+  data and schedule): its certified loss equals the untied member's exactly;
+* the tied − untied difference is computed on paired resamples (its point value is the difference of the two fits).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from depthlib.compose import chapter
+from depthlib.compose.model import schedule as compose_schedule
+from depthlib.errors import InputError
+from depthlib.lm.families import FAMILIES, MIN_DEPTH, build_family_model, schedule
+from depthlib.lm.model import ModelConfig, build_model, parameter_counts
+from depthlib.probes.tap import tap_hidden_states
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CFG = ModelConfig(d_model=16, n_heads=2)
+
+
+def test_schedules_are_chapter_sevens():
+    for family in FAMILIES:
+        for depth in range(MIN_DEPTH[family], 11):
+            assert schedule(family, depth) == compose_schedule(family, depth)
+
+
+def _copies_of_block_zero(depth: int):
+    model = build_model(CFG, depth, 64, 0).eval()
+    sd = model.state_dict()
+    for k in list(sd):
+        if ".layers." in k:
+            prefix, rest = k.split(".layers.")
+            sd[k] = sd[f"{prefix}.layers.0.{rest.split('.', 1)[1]}"].clone()
+    model.load_state_dict(sd)
+    return model
+
+
+def test_a_tied_member_is_one_block_applied_at_every_depth():
+    tied = build_family_model(CFG, "tied", 3, 64, 0).eval()
+    copies = _copies_of_block_zero(3)
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(tied(input_ids=ids).logits, copies(input_ids=ids).logits)
+    a, b = tap_hidden_states(tied, ids), tap_hidden_states(copies, ids)
+    assert len(a.hidden) == 4                                   # h_0 … h_3: each application tapped once
+    assert all(torch.equal(x, y) for x, y in zip(a.hidden, b.hidden))
+    # one block's parameters, shared: two blocks fewer than the untied model
+    block = sum(p.numel() for p in tied.gpt_neox.layers[0].parameters())
+    assert parameter_counts(copies)["n_params"] - parameter_counts(tied)["n_params"] == 2 * block
+
+
+def test_a_looped_member_shares_its_core_and_trains_it_with_summed_gradients():
+    looped = build_family_model(CFG, "looped", 6, 64, 0)
+    blocks = [layer.block for layer in looped.gpt_neox.layers]
+    assert blocks[1] is blocks[2] is blocks[4] and blocks[0] is not blocks[1] and blocks[5] is not blocks[1]
+    block = sum(p.numel() for p in blocks[0].parameters())
+    assert parameter_counts(looped)["n_params"] - parameter_counts(
+        build_family_model(CFG, "tied", 6, 64, 0))["n_params"] == 2 * block
+    assert looped.config.use_cache is False                   # a shared block must not append to one cache entry
+
+
+def test_bad_settings_are_one_line_errors():
+    cfg = chapter.PROFILES["smoke"].text_certified
+    with pytest.raises(InputError, match="untied members are chapter 6's"):
+        type(cfg)(cfg.profile, series=cfg.series, families=("untied",)).validate()
+    with pytest.raises(InputError, match="not in chapter 6's series"):
+        type(cfg)(cfg.profile, series=cfg.series, depths=(1, 3)).validate()
+    with pytest.raises(InputError, match="no effective depth"):
+        type(cfg)(cfg.profile, series=cfg.series, families=("looped",), depths=(1, 2)).validate()
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    old = os.environ.get("DEPTHLIB_CACHE_DIR")
+    os.environ["DEPTHLIB_CACHE_DIR"] = str(tmp_path_factory.mktemp("text-certified"))
+    try:
+        yield chapter.compute(chapter.PROFILES["smoke"].text_certified, jobs=1, progress=False)
+    finally:
+        if old is None:
+            os.environ.pop("DEPTHLIB_CACHE_DIR")
+        else:
+            os.environ["DEPTHLIB_CACHE_DIR"] = old
+
+
+def test_the_tied_member_of_depth_one_is_chapter_sixs_untied_member(smoke_run):
+    m = smoke_run.table("members").set_index(["family", "depth", "seed"])
+    assert m.loc[("tied", 1, 0), "val_loss"] == m.loc[("untied", 1, 0), "val_loss"]
+    assert m.loc[("tied", 1, 0), "n_params"] == m.loc[("untied", 1, 0), "n_params"]
+    # deeper tied members have the parameters of depth 1, untied ones grow
+    assert m.loc[("tied", 8, 0), "n_params"] == m.loc[("tied", 1, 0), "n_params"] < m.loc[("untied", 8, 0), "n_params"]
+    cfg = chapter.PROFILES["smoke"].text_certified
+    assert len(m) == len(cfg.units()) + len(cfg.depths) * len(cfg.seeds)        # trained here + chapter 6's untied
+
+
+def test_the_difference_is_the_paired_difference_of_the_fits(smoke_run):
+    fit = smoke_run.table("fit").set_index(["family", "quantity"])
+    for r in smoke_run.table("difference").itertuples():
+        assert r.alpha == pytest.approx(fit.loc[(r.family, "alpha"), "value"])
+        assert r.value == pytest.approx(r.alpha - r.alpha_untied)
+        assert r.lo <= r.value <= r.hi
+    # the looped family has two effective depths here (4 and 8): its law is not defined and it is not compared
+    assert not bool(fit.loc[("looped", "alpha"), "defined"])
+    assert "looped" not in set(smoke_run.table("difference")["family"])
+
+
+def test_replay_and_summary(smoke_run):
+    replayed = chapter.replay(smoke_run)
+    assert (replayed["committed"] == replayed["replayed"]).all()
+    s = chapter.summary(smoke_run)
+    assert s["series_run"].startswith("lm-converged/") and set(s["losses"]) == {"untied", "looped", "tied"}
