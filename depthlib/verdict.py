@@ -458,8 +458,15 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
         m = Measurement(f"{r.family}, effective depths {r.depths} (RHM; {law})", r.value, r.lo, r.hi, run.profile,
                         f"95 % t interval over {r.n_seeds} replicates; members not certified", converged=False)
         out["hierarchical" if r.family == "untied" else "looped"].append(m)
-    text = parts.get("text")
-    if text is not None:
+    text, certified_text = parts.get("text"), parts.get("text_certified")
+    if certified_text is not None:      # the families at chapter 6's certified budget supersede the 2 M-token part
+        from depthlib.compose import text_certified_views
+        out["looped_text"] = [
+            Measurement(f"{m['family']}, effective depths {m['depths']} (text at chapter 6's certified budget; "
+                        "L∞ + c·ℓ^−α)", m["value"], m["lo"], m["hi"], certified_text.profile, m["note"],
+                        converged=m["certified"])
+            for m in text_certified_views.measurements(certified_text)]
+    elif text is not None:
         out["looped_text"] = [
             Measurement(f"{r.family}, effective depths {r.depths} (text; L∞ + c·ℓ^−α)", r.alpha, r.lo, r.hi,
                         text.profile, "95 % bootstrap over held-out documents (one seed); members not certified",

@@ -117,3 +117,52 @@ def test_replay_and_summary(smoke_run):
     assert (replayed["committed"] == replayed["replayed"]).all()
     s = chapter.summary(smoke_run)
     assert s["series_run"].startswith("lm-converged/") and set(s["losses"]) == {"untied", "looped", "tied"}
+
+
+# ---- the views' rules, on tables whose answers are known -----------------------------------------------------------
+def _tables(tied_hi=1.6, drop_tied=(1.1, 1.5), certified=True):
+    import numpy as np
+    import pandas as pd
+    fit = pd.DataFrame([
+        {"family": "untied", "quantity": "alpha", "value": 0.9, "lo": 0.8, "hi": 1.0, "n_depths": 6, "defined": True},
+        {"family": "tied", "quantity": "alpha", "value": 1.3, "lo": 1.0, "hi": tied_hi, "n_depths": 6, "defined": True},
+        {"family": "looped", "quantity": "alpha", "value": np.nan, "lo": np.nan, "hi": np.nan, "n_depths": 3,
+         "defined": False}])
+    sens = pd.DataFrame([{"family": f, "left_out": k, "alpha": a} for f, ks in
+                         (("untied", ((0, 0.9), (1, 0.7), (2, 1.0))), ("tied", ((0, 1.3), (1, drop_tied[0]),
+                                                                               (2, drop_tied[1]))))
+                         for k, a in ks])
+    members = pd.DataFrame([{"family": f, "depth": d, "seed": 0, "n_params": 1, "val_loss": 3.0,
+                             "certified": certified, "continuations": 1, "gains": "+0.0100",
+                             "last_gain": 0.01 if certified else 0.05, "tokens_main": 6_758_400}
+                            for f, ds in (("untied", (1, 2, 3)), ("tied", (1, 2, 3)), ("looped", (3, 4, 6)))
+                            for d in ds])
+    diff = pd.DataFrame([{"family": "tied", "depths": "1, 2, 3", "alpha": 1.3, "alpha_untied": 0.9, "value": 0.4,
+                          "lo": 0.1, "hi": 0.7}])
+    return {"fit": fit, "sensitivity": sens, "members": members, "difference": diff}
+
+
+def test_views_show_an_exponent_only_where_no_bound_and_no_single_depth_decides_it():
+    from depthlib.compose import text_certified_views as v
+    e = v.exponent_table(_tables()).set_index("family")
+    assert e.loc["untied", "shown"] and e.loc["tied", "shown"] and not e.loc["looped", "shown"]
+    assert "needs 4" in e.loc["looped", "why_not"]
+    assert e.loc["tied", "without_1"] == 1.1 and (e.loc["tied", "drop_one_min"], e.loc["tied", "drop_one_max"]) == (
+        1.1, 1.5)
+    at_bound = v.exponent_table(_tables(tied_hi=8.0)).set_index("family")
+    assert not at_bound.loc["tied", "shown"] and "interval" in at_bound.loc["tied", "why_not"]
+    fragile = v.exponent_table(_tables(drop_tied=(8.0, 1.2))).set_index("family")
+    assert not fragile.loc["tied", "shown"] and "one point" in fragile.loc["tied", "why_not"]
+    # a family whose exponent is not shown is not compared with untied
+    assert v.difference_table(_tables()).loc[0, "reading"] == "steeper than untied"
+    assert v.difference_table(_tables(tied_hi=8.0)).empty
+
+
+def test_views_answer_is_undecided_unless_every_member_is_certified():
+    from depthlib.compose import text_certified_views as v
+    assert "All 9 members are certified" in v.answer(_tables())
+    open_ = v.answer(_tables(certified=False))
+    assert "**Undecided:** 9 of 9 members" in open_ and "5.0–5.0 %" in open_
+    assert "tied 1.30 [1.00, 1.60] (drop-one-depth 1.10–1.50)" in open_ and "+0.40 [+0.10, +0.70]" in open_
+    assert [m["family"] for m in v.measurements(_tables())] == ["tied"]
+    assert v.measurements(_tables(certified=False))[0]["certified"] is False

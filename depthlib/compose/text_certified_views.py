@@ -1,0 +1,149 @@
+"""Chapter 7's certified text part read for the notebook: its tables, its answer paragraph and the measurements the
+verdict reads.
+
+Everything here is read from a finished ``compose-text-certified`` run (:mod:`depthlib.compose.text_certified`): no
+compute entry imports this module, so editing it never makes a run stale. Every function takes the run or a mapping
+of its tables (table name → DataFrame, ``"config"`` → the run's config), so that the rules can be tested on tables
+with known answers. Losses are held-out cross-entropies in nats per token; intervals are 95 % paired bootstraps over
+the held-out documents.
+
+**What is a result.** A family's α_ℓ is *shown* when its law is defined (at least
+:data:`~depthlib.compose.text_certified.MIN_DEPTHS` effective depths, the point fit inside the searched range), its
+interval does not reach a bound of the search (:data:`depthlib.lm.fit.ALPHA_RANGE`: an interval cut by the search
+range is not an interval) and no refit without one depth reaches such a bound (a fit that one point moves to a bound
+is not a result). A shown exponent *decides* a claim only when every member it is fitted on is certified
+(chapter 3's continuation rule); otherwise the book reports it as measured on members still improving, with their
+last gains.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from depthlib.lm import fit
+
+__all__ = ["answer", "difference_table", "exponent_table", "loss_table", "measurements"]
+
+FAMILY_ORDER = ("untied", "looped", "tied")
+
+
+def _table(source, name: str) -> pd.DataFrame:
+    return source.table(name) if hasattr(source, "table") else source[name]
+
+
+def _iv(v: float, lo: float, hi: float, digits: int = 2) -> str:
+    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" if np.isfinite(lo) else f"{v:.{digits}f}"
+
+
+def _at_search_bound(v: float, lo: float, hi: float) -> bool:
+    a, b = fit.ALPHA_RANGE
+    return bool(not (np.isfinite(lo) and np.isfinite(hi)) or lo <= a * 1.05 or hi >= b * 0.95
+                or not a * 1.05 < v < b * 0.95)
+
+
+def _order(families) -> list[str]:
+    return [f for f in FAMILY_ORDER if f in set(families)]
+
+
+def loss_table(source) -> pd.DataFrame:
+    """One row per member: family, effective depth, seed, parameters, held-out loss at the end of its final stage,
+    certified, continuations and their gains."""
+    m = _table(source, "members")
+    cols = ["family", "depth", "seed", "n_params", "val_loss", "certified", "continuations", "gains"]
+    out = m[cols].copy()
+    out["family"] = pd.Categorical(out["family"], _order(out["family"]), ordered=True)
+    return out.sort_values(["family", "depth", "seed"]).reset_index(drop=True)
+
+
+def exponent_table(source) -> pd.DataFrame:
+    """Per family: α_ℓ [lo, hi], the effective depths it is fitted on, whether it is shown (:mod:`this module's rule
+    <depthlib.compose.text_certified_views>`) and why not, α_ℓ without ℓ = 1 and the range of the drop-one-depth
+    refits, and how many of its members are certified."""
+    f = _table(source, "fit")
+    f = f[f["quantity"] == "alpha"].set_index("family")
+    sens = _table(source, "sensitivity")
+    m = _table(source, "members")
+    rows = []
+    for family in _order(f.index):
+        r = f.loc[family]
+        s = sens[sens["family"] == family] if len(sens) else sens
+        drop = s[s["left_out"] > 0] if len(s) else s
+        without_1 = s.loc[s["left_out"] == 1, "alpha"] if len(s) else pd.Series(dtype=float)
+        mine = m[m["family"] == family]
+        if not bool(r["defined"]):
+            why = (f"{int(r['n_depths'])} effective depths (the law L∞ + c·ℓ^−α needs 4)" if r["n_depths"] < 4
+                   else "the fit is at a bound of the searched range")
+        elif _at_search_bound(r["value"], r["lo"], r["hi"]):
+            why = "its interval reaches a bound of the searched range"
+        elif len(drop) and any(_at_search_bound(a, a, a) for a in drop["alpha"]):
+            why = "a refit without one depth reaches a bound of the searched range: one point moves it"
+        else:
+            why = ""
+        rows.append({"family": family, "alpha": r["value"], "lo": r["lo"], "hi": r["hi"],
+                     "depths": ", ".join(str(int(d)) for d in sorted(mine["depth"].unique())),
+                     "shown": not why, "why_not": why,
+                     "without_1": float(without_1.iloc[0]) if len(without_1) else np.nan,
+                     "drop_one_min": float(drop["alpha"].min()) if len(drop) else np.nan,
+                     "drop_one_max": float(drop["alpha"].max()) if len(drop) else np.nan,
+                     "n_certified": int(mine["certified"].sum()), "n_members": int(len(mine))})
+    return pd.DataFrame(rows)
+
+
+def difference_table(source) -> pd.DataFrame:
+    """Per reused family whose exponent is shown (:func:`exponent_table`): its α_ℓ minus the untied family's refitted
+    on the same effective depths, with its paired interval, and where that interval lies (above 0, below 0, or
+    straddling it)."""
+    d = _table(source, "difference").copy()
+    shown = set(exponent_table(source).query("shown")["family"])
+    d = d[d["family"].isin(shown)].reset_index(drop=True)
+    d["reading"] = np.where(d["lo"] > 0, "steeper than untied",
+                            np.where(d["hi"] < 0, "shallower than untied", "not resolved from untied"))
+    return d
+
+
+def measurements(source) -> list[dict]:
+    """What the verdict reads for the claim that reusing depth keeps α_ℓ below 2 (``looped_text``): per reused family
+    with a shown exponent, its α_ℓ and interval, the depths, and whether every member is certified."""
+    out = []
+    for r in exponent_table(source).itertuples():
+        if r.family == "untied" or not r.shown:
+            continue
+        out.append({"family": r.family, "value": r.alpha, "lo": r.lo, "hi": r.hi, "depths": r.depths,
+                    "certified": r.n_certified == r.n_members,
+                    "note": f"95 % paired bootstrap over held-out documents; {r.n_certified} of {r.n_members} members "
+                            "certified"})
+    return out
+
+
+def _alpha_phrase(r) -> str:
+    if not r.shown:
+        return f"{r.family}: no exponent ({r.why_not})"
+    text = f"{r.family} {_iv(r.alpha, r.lo, r.hi)}"
+    if np.isfinite(r.drop_one_min):
+        text += f" (drop-one-depth {r.drop_one_min:.2f}–{r.drop_one_max:.2f})"
+    return text
+
+
+def answer(source) -> str:
+    """The part's answer (Markdown, one paragraph): the exponent of each family with its interval and sensitivity,
+    the reused families' differences from untied, and whether the members are certified (else: undecided, with the
+    last gains)."""
+    e = exponent_table(source)
+    d = difference_table(source)
+    m = _table(source, "members")
+    tokens = int(m["tokens_main"].iloc[0]) if "tokens_main" in m else None
+    certified = bool(m["certified"].all())
+    text = ("**Reusing depth on chapter 6's text, at chapter 6's certified budget"
+            + (f" ({tokens / 1e6:.2f} M tokens a member before continuations)" if tokens else "") + ".** ")
+    text += "α_ℓ over effective depth: " + "; ".join(_alpha_phrase(r) for r in e.itertuples()) + ". "
+    if len(d):
+        text += "Against the untied family on the same effective depths: " + "; ".join(
+            f"{r.family} {r.value:+.2f} [{r.lo:+.2f}, {r.hi:+.2f}] ({r.reading})" for r in d.itertuples()) + ". "
+    if certified:
+        text += f"All {len(m)} members are certified (a continuation gained < 2 %)."
+    else:
+        open_ = m[~m["certified"]]
+        text += (f"**Undecided:** {len(open_)} of {len(m)} members are not certified (last continuation gains "
+                 f"{100 * open_['last_gain'].min():.1f}–{100 * open_['last_gain'].max():.1f} %), so these exponents "
+                 "are measured on members still improving and decide no claim.")
+    return text
