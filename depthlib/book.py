@@ -1,7 +1,9 @@
 """Build the executable book: vendor the JS assets, execute the notebooks with papermill, run Jupyter Book.
 
 The committed notebooks hold the outputs of their default profile, ``cpu``, drawn from the committed runs under
-``data/results`` (what ``pytest --nbval notebooks`` compares against; deterministic, since nothing is recomputed).
+``data/results`` (what ``pytest --nbval notebooks`` compares against; deterministic, since nothing is recomputed),
+and each figure as a static PNG, so that JupyterLab and GitHub show it to a reader who has not run the notebook
+(:func:`committed_view`; the book's pages show the interactive figures instead, :func:`book_view`).
 Building never rewrites them: executed copies go to the git-ignored staging folder ``<out>/stage`` (Jupyter
 Book's own build files land there too) and the HTML to ``<out>/html``
 (``_build/html`` by default). The book is self-contained and works from ``file://`` with no network:
@@ -176,22 +178,209 @@ def strip_progress_bars(nb: dict) -> int:
     return removed
 
 
-def strip_ignored_outputs(nb: dict) -> int:
+#: the plotly figure mimetype (``depthlib.plots``' renderer emits it beside a small ``text/html``)
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+#: output metadata that marks what :func:`refresh_committed` keeps of an nbval-ignored figure cell for readers who open
+#: the committed notebook without running it: the figure's static image and its caption. The book drops both.
+STATIC_KEY, STATIC_FIGURE, STATIC_CAPTION = "depthlib", "static-figure", "static-figure-caption"
+#: the static image of a committed figure: PNG (JupyterLab draws it in an untrusted notebook, where it does not draw
+#: SVG, and GitHub draws it), this many CSS pixels wide (plotly figures are responsive; the book's column is about
+#: 790 px at 1280 px), reduced to a palette of this many colours (plotly's flat colours and antialiasing survive it;
+#: a figure's PNG is about a quarter of its full-colour size)
+STATIC_WIDTH, STATIC_COLORS = 800, 64
+_CAPTION_MARK = "depthlib-caption"
+
+
+def _is_figure(out: dict) -> bool:
+    return PLOTLY_MIME in out.get("data", {})
+
+
+def _is_caption(out: dict) -> bool:
+    return _CAPTION_MARK in "".join(out.get("data", {}).get("text/markdown", ""))
+
+
+def strip_ignored_outputs(nb: dict, keep_figures: bool = False) -> int:
     """Empty the outputs of cells nbval never compares (tag ``nbval-ignore-output`` or the comment
     ``# NBVAL_IGNORE_OUTPUT``); returns how many cells were emptied. ``nbval-check-output`` and untagged cells
-    keep theirs. Saved widget state goes too once no output shows a widget."""
+    keep theirs. Saved widget state goes too once no output shows a widget.
+
+    With ``keep_figures``, an ignored cell keeps its plotly figures and the caption that follows each
+    (:func:`depthlib.plots.show`), marked for :func:`add_static_figures` (which replaces each figure by its image)
+    and :func:`strip_static_figures` (which drops both from the book's copy); not in a cell the book removes
+    (``remove-output``, ``remove-cell``: the live panels)."""
     emptied = 0
     for cell in nb["cells"]:
         if cell["cell_type"] != "code" or not cell.get("outputs"):
             continue
         source = "".join(cell.get("source", ""))
         if IGNORE_TAG in _tags(cell) or source.lstrip().startswith(IGNORE_COMMENT):
-            cell["outputs"] = []
+            kept = []
+            if keep_figures and not {"remove-output", "remove-cell"} & set(_tags(cell)):
+                for out in cell["outputs"]:
+                    if _is_figure(out):
+                        kept.append({**out, "metadata": {STATIC_KEY: STATIC_FIGURE}})
+                    elif kept and _is_caption(out) and kept[-1]["metadata"][STATIC_KEY] == STATIC_FIGURE:
+                        kept.append({**out, "metadata": {STATIC_KEY: STATIC_CAPTION}})
+            cell["outputs"] = kept
             emptied += 1
     widgets_shown = any(WIDGET_VIEW in out.get("data", {}) for cell in nb["cells"] for out in cell.get("outputs", []))
     if not widgets_shown:
         nb.get("metadata", {}).pop("widgets", None)
     return emptied
+
+
+def _static_outputs(nb: dict, kind: str) -> list[dict]:
+    return [out for cell in nb["cells"] for out in cell.get("outputs", [])
+            if out.get("metadata", {}).get(STATIC_KEY) == kind]
+
+
+def _render_pngs(figures: list[dict], width: int, attempts: int = 3) -> list[bytes]:
+    """PNG bytes of plotly figure dicts, drawn by kaleido (headless Chrome/Chromium) in one browser session; a
+    session that fails is tried again in a new one (on a busy machine kaleido's page is sometimes not ready in time:
+    "kaleido_scopes is not defined")."""
+    import asyncio
+    try:
+        import kaleido
+    except ImportError:
+        raise InputError("kaleido draws the committed notebooks' static figures: pip install 'depthlib[book]'") from None
+
+    async def draw() -> list[bytes]:
+        # mathjax=False: no figure uses LaTeX, and kaleido would fetch MathJax from a CDN
+        async with kaleido.Kaleido(n=1, mathjax=False) as k:
+            return [await k.calc_fig(fig, opts={"format": "png", "width": width,
+                                                "height": fig.get("layout", {}).get("height") or 430, "scale": 1})
+                    for fig in figures]
+    for attempt in range(1, attempts + 1):
+        try:
+            return asyncio.run(draw())
+        except Exception as err:   # noqa: BLE001 - kaleido's own errors (no browser found, a page not ready)
+            if type(err).__name__ == "ChromeNotFoundError":
+                raise InputError("kaleido needs Chrome or Chromium to draw the static figures: apt-get install "
+                                 "chromium (or set BROWSER_PATH to a Chrome binary)") from None
+            if attempt == attempts:
+                raise
+            print(f"[depthlib book] drawing the static figures failed ({type(err).__name__}); again",
+                  file=sys.stderr)
+
+
+def _small_png(png: bytes, colors: int = STATIC_COLORS) -> bytes:
+    """``png`` reduced to a palette of ``colors`` colours (no dithering: plotly draws flat colours)."""
+    import io
+    try:
+        from PIL import Image
+    except ImportError:
+        raise InputError("Pillow makes the committed notebooks' static figures small: pip install 'depthlib[book]'") \
+            from None
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    small = image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    buf = io.BytesIO()
+    small.save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def add_static_figures(nb: dict, width: int = STATIC_WIDTH) -> int:
+    """Replace every figure kept by :func:`strip_ignored_outputs` with its static image; returns how many.
+
+    The output becomes ``image/png`` (and a ``text/plain`` naming the figure): JupyterLab draws a PNG in an
+    untrusted notebook (a fresh clone; an SVG it would not) and GitHub draws it, while the figure's ``text/html``
+    (plotly's div, whose script neither runs) would win over it and show an empty box. The interactive figure is
+    the book's: its pages are executed afresh (:func:`stage_notebooks`). The plotly JSON is not kept either: it is
+    the bulk of a figure (up to ~0.4 MB), and the PNG alone costs ~15 kB."""
+    import base64
+    outs = _static_outputs(nb, STATIC_FIGURE)
+    todo = [out for out in outs if _is_figure(out)]
+    pngs = _render_pngs([out["data"][PLOTLY_MIME] for out in todo], width) if todo else []
+    for out, png in zip(todo, pngs):
+        small = _small_png(png)
+        title = (out["data"][PLOTLY_MIME].get("layout", {}).get("title") or {}).get("text") or "a figure"
+        title = " ".join(re.sub(r"<[^>]*>", " ", title).split())     # plotly's <br>, <sup> ...
+        out["data"] = {"image/png": base64.b64encode(small).decode("ascii"),
+                       "text/plain": [f"<static image of the interactive figure '{title}': run the notebook for it>"]}
+        out["metadata"] = {STATIC_KEY: STATIC_FIGURE}
+    return len(todo)
+
+
+def strip_static_figures(nb: dict) -> int:
+    """Drop the static figures and their captions (:func:`add_static_figures`) from a copy of a committed notebook
+    (the book's pages show the interactive figures of an executed notebook, or none); returns how many outputs."""
+    removed = 0
+    for cell in nb["cells"]:
+        if "outputs" in cell:
+            kept = [o for o in cell["outputs"] if o.get("metadata", {}).get(STATIC_KEY) not in (STATIC_FIGURE,
+                                                                                             STATIC_CAPTION)]
+            removed += len(cell["outputs"]) - len(kept)
+            cell["outputs"] = kept
+    return removed
+
+
+def lab_kernelspec(name: str = "python3") -> dict:
+    """The kernelspec metadata JupyterLab writes into a notebook it opens with kernel ``name``: that kernel's spec as
+    the Jupyter server lists it (``display_name`` "Python 3 (ipykernel)" for ipykernel's ``python3``), not papermill's
+    "Python 3"; a notebook that carries another is marked modified as soon as Lab opens it."""
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+        spec = KernelSpecManager().get_kernel_spec(name)
+        return {"display_name": spec.display_name, "language": spec.language, "name": name}
+    except Exception:   # noqa: BLE001 - no such kernel here: ipykernel's own spec
+        from ipykernel.kernelspec import get_kernel_dict
+        spec = get_kernel_dict()
+        return {"display_name": spec["display_name"], "language": spec["language"], "name": name}
+
+
+# ---- Markdown both JupyterLab (CommonMark) and the book (MyST) render ----------------------------------------------
+#: a MyST admonition fence (```{admonition} Title, ```{note}, :::{tip} ...) spanning a whole block, no nesting
+_MYST_ADMONITION = re.compile(r"^(?P<fence>```+|:::+)\{(?P<kind>admonition|note|tip|hint|important|warning|caution|"
+                              r"attention|danger|error|seealso)\}[ \t]*(?P<title>[^\n]*)\n(?P<body>.*?)^(?P=fence)[ \t]*$",
+                              re.M | re.S)
+_MYST_TARGET = re.compile(r"^\((?P<label>[A-Za-z0-9][\w.:-]*)\)=[ \t]*\n", re.M)
+_HTML_TARGET = re.compile(r'^<div id="(?P<label>[A-Za-z0-9][\w.:-]*)"></div>[ \t]*\n\n', re.M)
+#: a link to a MyST target by its bare name, ``[text](label)`` (CommonMark: a file of that name)
+_LABEL_LINK = re.compile(r"\]\((?P<label>[A-Za-z][\w-]*-[\w-]*)\)")
+
+
+def _html_admonition(match: re.Match) -> str:
+    import html
+    kind, body = match["kind"], match["body"]
+    title = match["title"].strip() or kind.capitalize()
+    options = re.match(r"((?::[\w-]+:[^\n]*\n)*)", body)
+    classes = ["admonition"] + ([kind] if kind != "admonition" else [])
+    for line in options.group(1).splitlines():
+        key, _, value = line[1:].partition(":")
+        if key == "class":
+            classes += value.split()
+    body = body[options.end():].strip("\n")
+    return (f'<div class="{" ".join(classes)}">\n<p class="admonition-title">{html.escape(title)}</p>\n\n'
+            f"{body}\n\n</div>")
+
+
+def portable_markdown(source: str) -> str:
+    """A markdown cell's source with its MyST-only blocks in a form CommonMark renders the same in JupyterLab, on
+    GitHub and in the book: an admonition fence becomes ``<div class="admonition">`` with a title paragraph and the
+    body as Markdown between blank lines (the theme styles it as an admonition; math and links inside still
+    render), a target ``(label)=`` becomes an empty ``<div id="label"></div>`` (which :func:`book_markdown`
+    turns back into the target the book's ``{ref}`` links need) and a link to a target by its bare name,
+    ``[text](label)``, the in-page link ``[text](#label)`` (MyST resolves it to the target). Idempotent."""
+    source = _MYST_ADMONITION.sub(_html_admonition, source)
+    source = _LABEL_LINK.sub(lambda m: f"](#{m['label']})", source)
+    return _MYST_TARGET.sub(lambda m: f'<div id="{m["label"]}"></div>\n\n', source)
+
+
+def book_markdown(source: str) -> str:
+    """The book's copy of a markdown cell: each ``<div id="label"></div>`` of :func:`portable_markdown` back to the
+    MyST target ``(label)=`` (Sphinx labels the section after it)."""
+    return _HTML_TARGET.sub(lambda m: f"({m['label']})=\n", source)
+
+
+def _map_markdown(nb: dict, convert) -> int:
+    changed = 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            source = "".join(cell["source"])
+            new = convert(source)
+            if new != source:
+                cell["source"] = new.splitlines(keepends=True)
+                changed += 1
+    return changed
 
 
 @contextlib.contextmanager
@@ -272,24 +461,39 @@ def refresh_committed(only: list[str] | None = None) -> list[Path]:
 
     This is how the outputs that ``pytest --nbval notebooks`` compares against are made; a missing or stale committed
     run would be recomputed here, so refresh only when ``tests/test_committed_runs.py`` passes. The outputs
-    of ``nbval-ignore-output`` cells (figures, provenance) are then dropped: nbval never compares them, and the
-    book is built from freshly executed copies.
+    of ``nbval-ignore-output`` cells (provenance, timings) are then dropped: nbval never compares them, and the
+    book is built from freshly executed copies; their figures stay, as static images (:func:`committed_view`).
     """
     done = []
     paths = notebook_paths(only)
     prepare_models(paths)
     for path in paths:
-        execute_notebook(path, path, parameters=None)
-        nb = _read_nb(path)
-        emptied = strip_ignored_outputs(nb)
-        # papermill records this machine's absolute input/output paths: not for the repository
-        for key in ("input_path", "output_path"):
-            nb.get("metadata", {}).get("papermill", {}).pop(key, None)
+        with tempfile.TemporaryDirectory() as tmp:       # the committed notebook is replaced only once all went well
+            nb = _read_nb(execute_notebook(path, Path(tmp) / path.name, parameters=None))
+        emptied, drawn = committed_view(nb)
         _write_nb(path, nb)
-        print(f"[depthlib book] {path.name}: outputs of {emptied} nbval-ignore-output cell(s) stripped",
-              file=sys.stderr)
+        print(f"[depthlib book] {path.name}: outputs of {emptied} nbval-ignore-output cell(s) stripped, "
+              f"{drawn} figure(s) kept as static images", file=sys.stderr)
         done.append(path)
     return done
+
+
+def committed_view(nb: dict) -> tuple[int, int]:
+    """What an executed notebook keeps for the repository (:func:`refresh_committed`), in place: the outputs nbval
+    compares, each figure as a static image with its caption (:func:`strip_ignored_outputs`,
+    :func:`add_static_figures`: a reader who opens the notebook in JupyterLab or on GitHub sees the figures
+    without running it), Markdown that JupyterLab renders (:func:`portable_markdown`), the kernelspec JupyterLab
+    writes (:func:`lab_kernelspec`: opening the notebook does not modify it), and no machine paths. Returns
+    (cells whose outputs were stripped, figures drawn)."""
+    emptied = strip_ignored_outputs(nb, keep_figures=True)
+    drawn = add_static_figures(nb)
+    _map_markdown(nb, portable_markdown)
+    meta = nb.setdefault("metadata", {})
+    meta["kernelspec"] = lab_kernelspec(meta.get("kernelspec", {}).get("name", "python3"))
+    # papermill records this machine's absolute input/output paths: not for the repository
+    for key in ("input_path", "output_path"):
+        meta.get("papermill", {}).pop(key, None)
+    return emptied, drawn
 
 
 #: the generated verdict the intro includes (``book/intro.md``); written into the stage only, never committed
@@ -314,7 +518,8 @@ def stage_notebooks(stage: Path, profile: str, only: list[str] | None = None, re
     """The chapters' pages in ``stage``: every chapter's notebook (:func:`notebook_paths`) under ``stage/notebooks``,
     those named in ``only`` executed on ``profile`` (papermill parameters ``PROFILE`` and ``RERUN``; True:
     recompute instead of showing committed runs), the others copied as committed; and the table of contents
-    ``stage/_toc.yml`` that lists them (:func:`table_of_contents`). Returns the staged notebooks, in order."""
+    ``stage/_toc.yml`` that lists them (:func:`table_of_contents`); each as the book shows it (:func:`book_view`).
+    Returns the staged notebooks, in order."""
     import yaml
     stage.mkdir(parents=True, exist_ok=True)
     (stage / "_toc.yml").write_text(yaml.safe_dump(table_of_contents(), sort_keys=False), encoding="utf-8")
@@ -328,8 +533,19 @@ def stage_notebooks(stage: Path, profile: str, only: list[str] | None = None, re
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, dst)
+        book_view(dst)
         staged.append(dst)
     return staged
+
+
+def book_view(path: Path) -> Path:
+    """The book's copy of a notebook, in place: no static figure or its caption (a committed notebook's, see
+    :func:`committed_view`; the book shows the interactive figures of the executed notebooks) and the MyST targets
+    its ``{ref}`` links need (:func:`book_markdown`)."""
+    nb = _read_nb(path)
+    if strip_static_figures(nb) + _map_markdown(nb, book_markdown):
+        _write_nb(path, nb)
+    return path
 
 
 def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: bool = False) -> Path:
