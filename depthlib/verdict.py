@@ -467,11 +467,13 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                         converged=m["certified"])
             for m in text_certified_views.measurements(certified_text)]
     elif text is not None:
+        # a run whose reused families give no exponent it can show is undecided, with the reason, not untested
         out["looped_text"] = [
-            Measurement(f"{r.family}, effective depths {r.depths} (text; L∞ + c·ℓ^−α)", r.alpha, r.lo, r.hi,
-                        text.profile, "95 % bootstrap over held-out documents (one seed); members not certified",
-                        converged=False)
-            for r in analysis.text_alphas(text).itertuples() if r.shown and r.family != "untied"]
+            Measurement(f"{r.family}, effective depths {r.depths} (text; L∞ + c·ℓ^−α)",
+                        r.alpha if r.shown else math.nan, r.lo, r.hi, text.profile,
+                        ("95 % bootstrap over held-out documents (one seed); members not certified" if r.shown
+                         else f"no exponent: {r.why_not}"), converged=False)
+            for r in analysis.text_alphas(text).itertuples() if r.family != "untied"]
     return out
 
 
@@ -489,7 +491,7 @@ NOTES = {
                     "form with a free floor; each is inside the region, but they disagree with each other",
     "looped": "one row for the looped and the fully tied family, both laws (the weakest status wins)",
     "looped_text": "one seed at width 64 and 2 M tokens per member (the interval is over documents); where the "
-                   "loss does not fall with effective depth no law is fitted and the row stays untested",
+                   "loss does not fall with effective depth no law is fitted: the run cannot decide",
 }
 
 
@@ -510,7 +512,9 @@ def verdict(profile: str = "cpu", *, rerun: bool = False, chapters: Sequence[int
     for c in CLAIMS:
         if c.chapter not in wanted:
             continue
-        ms = [m for m in found.get(c.key, []) if m.value is not None and math.isfinite(m.value)]
+        # a run without a number it can stand behind (value NaN) leaves its row undecided, never untested
+        ms = [m for m in found.get(c.key, []) if m.value is not None
+              and (math.isfinite(m.value) or not m.converged)]
         # a number from students that are still improving decides nothing: say how many were not converged
         note = "; ".join(n for n in (NOTES.get(c.key, ""),
                                      *(m.note for m in ms if not m.converged and m.note)) if n)
@@ -527,6 +531,8 @@ def _fmt(x: float, digits: int) -> str:
 
 def _number(m: Measurement, digits: int, percent: bool = False) -> str:
     k, unit = (100.0, " %") if percent else (1.0, "")
+    if not math.isfinite(m.value):              # a run that gives no number it can stand behind (undecided)
+        return "no result"
     text = _fmt(k * m.value, digits)
     if m.lo is not None and m.hi is not None and math.isfinite(m.lo) and math.isfinite(m.hi):
         text += f" [{_fmt(k * m.lo, digits)}, {_fmt(k * m.hi, digits)}]"
