@@ -137,6 +137,15 @@ def test_a_number_without_an_interval_decides_nothing():
     assert verdict.Row(claim, [verdict.Measurement("a", 1.2, 1.0, 1.4)]).status == "reproduced"
 
 
+def test_a_run_without_a_number_it_can_stand_behind_is_undecided_not_untested():
+    claim = verdict.CLAIMS[0]
+    row = verdict.Row(claim, [verdict.Measurement("a", math.nan, None, None, "cpu", "no exponent: no fit",
+                                                  converged=False)])
+    assert row.status == "undecided"
+    assert "no result" in verdict.table([row]).iloc[0].to_string()
+    assert verdict.Row(claim, []).status == "not tested here"
+
+
 def test_unconverged_students_decide_nothing(tmp_path, monkeypatch):
     """A value from students that are not certified is 'undecided', whatever its interval says."""
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
