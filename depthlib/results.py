@@ -111,7 +111,7 @@ def provenance(run: Run) -> str:
                    else f" with local edits to {', '.join(m['git_edited_files'])}" if m.get("git_edited_files")
                    else " with local edits (the code fingerprint identifies the computing code)")
     where = "committed run" if run.committed else "computed on this machine"
-    return (f"profile `{m.get('profile')}` · {m.get('device')} · commit {commit} · code {m.get('code_fingerprint')}"
+    return (f"profile {m.get('profile')} · {m.get('device')} · commit {commit} · code {m.get('code_fingerprint')}"
             f" · {m.get('created')} · wall time {m.get('wall_time_s', 0):.0f} s · {where} ({run.experiment}/{run.key})")
 
 
