@@ -134,9 +134,17 @@ def alpha_steps_text(run: results.Run) -> str:
     steps, by_step = analysis.alpha_steps(run), analysis.angles_by_step(run)
     fitted, undefined = steps[steps.defined], steps[~steps.defined & (steps.step > 0)]
     alpha_t = by_step.drop_duplicates("step")[["step", "alpha_theta"]]
-    return ("**Measured.** α_ℓ at each evaluation step: " + (", ".join(
-        f"step {r.step}: {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}]" for r in fitted.itertuples())
-        if len(fitted) else "no step has a fit")
+    # the last step's exponent is the chapter's fit (its own, larger bootstrap): one number for one exponent
+    final, last = analysis.fit_row(run, "alpha"), int(steps["step"].max())
+
+    def interval(r) -> str:
+        lo, hi = (final["lo"], final["hi"]) if r.step == last else (r.lo, r.hi)
+        return f"step {r.step}: {r.alpha:.2f} [{lo:.2f}, {hi:.2f}]"
+    n_step, n_fit = run.config.get("step_bootstrap"), run.config.get("n_bootstrap")
+    return ("**Measured.** α_ℓ at each evaluation step" + (
+        f" (intervals from {n_step} bootstrap resamples; the last step's is the fit's, from {n_fit})"
+        if n_step and n_fit and n_step != n_fit else "") + ": " + (", ".join(interval(r) for r in fitted.itertuples())
+                                                                     if len(fitted) else "no step has a fit")
         + (f"; no exponent at step(s) {', '.join(str(s) for s in undefined.step)} (the loss does not yet fall with "
            "depth as a power law: no fit, or one at the edge of the searched range)" if len(undefined) else "")
         + ". Middle-angle exponent over the probed depths at each step: "
