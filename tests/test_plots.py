@@ -1,5 +1,6 @@
-"""The shared plot style: log axes labelled at decades, the placeholder box of smoke runs, the forest plot's
-category axis, and the check that refuses a figure a reader cannot read."""
+"""The shared plot style: log axes with at least three labels, long axis titles broken, subscripts, colour keys and
+guides named in the legend, the placeholder box of smoke runs, the forest plot's category axis, and the check that
+refuses a figure a reader cannot read."""
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
@@ -13,16 +14,43 @@ def _log_figure(x, y):
     return fig
 
 
-def test_log_axes_spanning_decades_label_decades_only():
-    fig = plots.decade_ticks(_log_figure([0.05, 3.0, 40.0], [0.2, 0.9, 3.0]))
-    assert fig.layout.xaxis.dtick == 1 and fig.layout.xaxis.minor.dtick == "D1"
-    assert fig.layout.yaxis.dtick == 1
+def _labelled_inside(axis, lo, hi) -> list[str]:
+    return [t for v, t in zip(axis.tickvals, axis.ticktext) if lo <= v <= hi]
 
 
-def test_log_axis_within_one_decade_gets_one_two_five_values():
-    fig = plots.decade_ticks(_log_figure([1.2, 4.0, 9.0], [12.0, 30.0, 47.0]))
-    assert list(fig.layout.xaxis.tickvals) == [1.0, 2.0, 5.0, 10.0]
-    assert list(fig.layout.yaxis.tickvals) == [10.0, 20.0, 50.0]
+def test_log_axes_spanning_three_decades_label_decades_only():
+    fig = plots.decade_ticks(_log_figure([0.05, 3.0, 40.0], [0.2, 0.9, 300.0]))
+    assert _labelled_inside(fig.layout.xaxis, 0.05, 40) == ["0.1", "1", "10"] and fig.layout.xaxis.minor.dtick == "D1"
+    assert _labelled_inside(fig.layout.yaxis, 0.2, 300) == ["1", "10", "100"]
+    fig = plots.decade_ticks(_log_figure([1e-9, 1e9], [1e-6, 1e-5, 1e-4]))     # at most 8 decades labelled
+    assert _labelled_inside(fig.layout.xaxis, 1e-9, 1e9) == [f"10<sup>{e}</sup>" for e in ("−9", "−6", "−3", "0", "3",
+                                                                                          "6", "9")]
+    assert _labelled_inside(fig.layout.yaxis, 1e-6, 1e-4) == ["10<sup>−6</sup>", "10<sup>−5</sup>", "10<sup>−4</sup>"]
+
+
+def test_short_log_axes_get_at_least_three_labels_inside_the_data():
+    # one decade boundary inside (0.2-3), within one decade (1.2-9, 12-47), within a few per cent (0.0101-0.0108)
+    fig = plots.decade_ticks(_log_figure([1.2, 4.0, 9.0], [0.2, 0.9, 3.0]))
+    assert _labelled_inside(fig.layout.xaxis, 1.2, 9.0) == ["2", "3", "5", "7"]
+    assert _labelled_inside(fig.layout.yaxis, 0.2, 3.0) == ["0.2", "0.5", "1", "2"]
+    fig = plots.decade_ticks(_log_figure([12.0, 30.0, 47.0], [0.0101, 0.0104, 0.0108]))
+    assert _labelled_inside(fig.layout.xaxis, 12, 47) == ["20", "30", "40"]
+    assert _labelled_inside(fig.layout.yaxis, 0.0101, 0.0108) == ["0.0102", "0.0104", "0.0106", "0.0108"]
+    fig = plots.decade_ticks(_log_figure([1, 2], [2e-5, 9e-5]))
+    assert _labelled_inside(fig.layout.yaxis, 2e-5, 9e-5) == ["2×10<sup>−5</sup>", "3×10<sup>−5</sup>",
+                                                              "5×10<sup>−5</sup>", "7×10<sup>−5</sup>"]
+
+
+def test_slider_steps_switch_the_log_ticks_with_the_traces_they_show():
+    fig = plots.new_figure("t", "x (unit)", "y (unit)", log_y=True)
+    fig.add_trace(go.Scatter(x=[1, 2, 3], y=[0.0101, 0.0104, 0.0108]))
+    fig.add_trace(go.Scatter(x=[1, 2, 3], y=[1.0, 10.0, 1000.0], visible=False))
+    plots.add_slider(fig, plots.slider_steps(["a", "b"], 1))
+    plots.decade_ticks(fig)
+    assert len(_labelled_inside(fig.layout.yaxis, 0.0101, 0.0108)) >= 3       # the first step's traces
+    first, second = (s.args[1] for s in fig.layout.sliders[0].steps)
+    assert 1 < len(first["yaxis.tickvals"]) and first["yaxis.tickvals"] != second["yaxis.tickvals"]
+    assert second["yaxis.ticktext"][second["yaxis.tickvals"].index(1000.0)] == "1000"
 
 
 def test_axes_with_their_own_ticks_and_linear_axes_are_left_alone():
@@ -33,6 +61,30 @@ def test_axes_with_their_own_ticks_and_linear_axes_are_left_alone():
     plots.decade_ticks(fig)
     assert list(fig.layout.xaxis.tickvals) == [6, 12, 24, 48] and fig.layout.xaxis.dtick is None
     assert fig.layout.xaxis2.dtick is None
+
+
+def test_long_y_titles_are_broken_onto_lines_and_subscripts_written():
+    fig = plots.new_figure("t", "x (unit)", "test loss ÷ best route's loss (geometric mean over replicates, nats)")
+    fig.add_trace(go.Scatter(x=[1, 2], y=[1, 2], name="α_ℓ = 1"))
+    plots.fit_axis_titles(fig)
+    assert "<br>" in fig.layout.yaxis.title.text and "<br>" not in fig.layout.xaxis.title.text
+    plots.write_subscripts(fig)
+    assert fig.data[0].name == "α<sub>ℓ</sub> = 1"
+    assert plots.subscripts("θ(h_l, h_l+1), width d_model") == "θ(h<sub>l</sub>, h<sub>l+1</sub>), width d_model"
+
+
+def test_colour_key_guides_and_fixed_range_are_said_in_the_figure():
+    fig = plots.new_figure("t", "x (unit)", "")
+    fig.update_yaxes(type="category")
+    fig.add_trace(go.Scatter(x=[1, 2], y=["a", "b"], marker=dict(color=[plots.color(0), plots.color(1)]),
+                             showlegend=False))
+    plots.colour_key(fig, {"first kind": plots.color(0), "second kind": plots.color(1)})
+    plots.guides(fig, [(1, "one"), (3, "three")])
+    plots.fixed_range(fig, "xaxis", "compared with 1 and 3")
+    assert [t.name for t in fig.data if t.showlegend] == ["first kind", "second kind"]
+    assert [(s.x0, s.name, s.showlegend) for s in fig.layout.shapes] == [(1, "one", True), (3, "three", True)]
+    assert fig.layout.meta["fixed_range"] == {"xaxis": "compared with 1 and 3"}
+    assert plots.figure_problems(fig) == []
 
 
 def test_forest_plot_draws_its_rows_on_a_category_axis():

@@ -19,13 +19,15 @@ def _errors(df: pd.DataFrame, col: str, lo: str, hi: str) -> dict:
 def loss_vs_depth(losses: pd.DataFrame, L: int | None, *, excess: bool = True, interval: str = "t") -> go.Figure:
     """Held-out excess loss over the Bayes loss (or the loss itself) against effective depth, one line per family,
     with 95 % intervals (``interval``: "t" over replicates, or "bootstrap" over documents, named in the title); the
-    hierarchy's depth L marked (None: no hierarchy, e.g. on text)."""
+    hierarchy's depth L marked (None: no hierarchy, e.g. on text). Losses are per symbol of the grammar (L given) or
+    per token of text (L None)."""
     col = "excess" if excess else "val_loss"
     lo, hi = (f"{col}_lo", f"{col}_hi") if excess else ("val_lo", "val_hi")
+    unit = "nats/token" if L is None else "nats/symbol"
     fig = plots.new_figure("Excess loss over the Bayes loss against effective depth" if excess else
                            f"Held-out loss against effective depth (95 % {interval} intervals)",
                            "effective depth ℓ (block applications)",
-                           "excess loss L − L<sub>Bayes</sub> (nats/token)" if excess else "held-out loss (nats/token)",
+                           f"excess loss L − L<sub>Bayes</sub> ({unit})" if excess else f"held-out loss ({unit})",
                            log_x=True, log_y=excess)
     for family, g in losses.groupby("family", sort=False):
         g = g.sort_values("depth")
@@ -63,17 +65,19 @@ def paired_differences(diffs: pd.DataFrame) -> go.Figure:
 
 
 def alpha_forest(alphas: pd.DataFrame) -> go.Figure:
-    """α_ℓ of every family and law with its 95 % t interval over replicates; 1 (ensemble averaging) and 3
-    (procedural assembly's smooth-flow rate, paper §4) marked."""
+    """α_ℓ of every family and law with its 95 % t interval over replicates, coloured by family (legend); 1 (ensemble
+    averaging) and 3 (procedural assembly's smooth-flow rate, paper §4) marked."""
     rows = alphas[np.isfinite(alphas["value"])].copy()
-    rows["label"] = [f"{FAMILY_NAMES.get(r.family, r.family)} — {r.law} ({r.n_seeds} replicates)"
+    rows["label"] = [plots.wrap(f"{FAMILY_NAMES.get(r.family, r.family)} — {r.law} ({r.n_seeds} replicates)", 44)
                      for r in rows.itertuples()]
     fig = plots.new_figure("Depth exponent α<sub>ℓ</sub> per family (95 % t interval over replicates)",
                            "α<sub>ℓ</sub> (dimensionless)", "", height=120 + 45 * max(len(rows), 1))
     fig.add_trace(go.Scatter(x=rows["value"], y=rows["label"], mode="markers",
                              error_x=_errors(rows, "value", "lo", "hi"),
                              marker=dict(size=10, color=[FAMILY_COLORS.get(f) for f in rows["family"]]),
-                             name="α_ℓ", showlegend=False))
+                             name="α<sub>ℓ</sub>", showlegend=False))
+    plots.colour_key(fig, {FAMILY_NAMES.get(f, f): FAMILY_COLORS[f] for f in dict.fromkeys(rows["family"])
+                           if f in FAMILY_COLORS})
     return _with_mechanism_guides(fig)
 
 
@@ -81,7 +85,7 @@ def loss_curves(curves: pd.DataFrame, family: str) -> go.Figure:
     """Held-out excess loss during training of one family (mean over replicates), one line per depth."""
     c = curves[(curves["family"] == family) & (curves["step"] > 0)]
     fig = plots.new_figure(f"Training: excess held-out loss — {FAMILY_NAMES.get(family, family)}",
-                           "optimiser step (64 fresh sequences each)", "excess loss (nats/token)", log_y=True)
+                           "optimiser step (64 fresh sequences each)", "excess loss (nats/symbol)", log_y=True)
     for i, (depth, g) in enumerate(c.groupby("depth")):
         fig.add_trace(go.Scatter(x=g["step"], y=g["excess"].clip(lower=1e-5), mode="lines",
                                  line=dict(color=plots.color(i)), name=f"ℓ = {depth}"))
@@ -130,7 +134,7 @@ def deletion_profile(edits: pd.DataFrame, family: str) -> go.Figure:
     """Δloss from deleting the block application at each position, one line per depth, for one family."""
     t = edits[edits["family"] == family]
     fig = plots.new_figure(f"Deleting one block application — {FAMILY_NAMES.get(family, family)}",
-                           "relative position of the deleted application j/(ℓ−1)", "Δ held-out loss (nats/token)",
+                           "relative position of the deleted application j/(ℓ−1)", "Δ held-out loss (nats/symbol)",
                            log_y=True)
     for i, (depth, g) in enumerate(t.groupby("depth")):
         if depth < 2:
@@ -180,26 +184,32 @@ def toy_loss_vs_depth(losses: pd.DataFrame) -> go.Figure:
 
 
 def toy_alpha_forest(alphas: pd.DataFrame) -> go.Figure:
-    """α_ℓ of looped and untied toy students per teacher with 95 % intervals; 1 and 3 marked."""
+    """α_ℓ of looped and untied toy students with 95 % intervals, coloured by teacher (legend); 1 and 3 marked."""
     rows = alphas.copy()
-    rows["label"] = [f"{TOY_KIND_NAMES.get(r.kind, r.kind)}, {r.teacher} teacher (ℓ = {r.depths})"
+    rows["label"] = [plots.wrap(f"{TOY_KIND_NAMES.get(r.kind, r.kind)}, {r.teacher} teacher (ℓ = {r.depths})", 44)
                      for r in rows.itertuples()]
     fig = plots.new_figure("Toy: depth exponent α<sub>ℓ</sub> of looped and untied students (95 % intervals)",
                            "α<sub>ℓ</sub> (dimensionless)", "", height=120 + 45 * max(len(rows), 1))
     fig.add_trace(go.Scatter(x=rows["alpha"], y=rows["label"], mode="markers", error_x=_errors(rows, "alpha", "lo", "hi"),
                              marker=dict(size=10, color=[TOY_TEACHER_COLORS.get(t) for t in rows["teacher"]],
                                          symbol=[TOY_KIND_SYMBOL.get(k, "square") for k in rows["kind"]]),
-                             name="α_ℓ", showlegend=False))
+                             name="α<sub>ℓ</sub>", showlegend=False))
+    plots.colour_key(fig, {f"{t} teacher": TOY_TEACHER_COLORS[t] for t in dict.fromkeys(rows["teacher"])
+                           if t in TOY_TEACHER_COLORS}, symbol="square")
     return _with_mechanism_guides(fig)
 
 
 def _with_mechanism_guides(fig: go.Figure) -> go.Figure:
-    """Dotted lines at α_ℓ = 1 (ensemble averaging) and 3 (a smooth flow) on a forest plot of exponents."""
-    for x, text in ((1, "1: ensemble averaging"), (3, "3: smooth flow (paper §4)")):
-        fig.add_vline(x=x, line=dict(dash="dot", color="#666"))
-        fig.add_annotation(x=x, y=1, yref="paper", text=text, showarrow=False, xanchor="left", yanchor="bottom")
+    """Grey lines at α_ℓ = 1 (ensemble averaging) and 3 (a smooth flow) on a forest plot of exponents, named in the
+    legend (:func:`depthlib.plots.guides`: labels at the lines print over each other at this width), the legend under
+    the plot so that the rows' labels and the axis share the width."""
+    plots.guides(fig, [(1, "α<sub>ℓ</sub> = 1: ensemble averaging"), (3, "α<sub>ℓ</sub> = 3: smooth flow (paper §4)")])
     fig.update_yaxes(type="category", automargin=True)
-    return fig
+    rows = len(fig.data[0].y) if fig.data and fig.data[0].y is not None else 1
+    entries = sum(t.showlegend is True for t in fig.data) + 2
+    # two-line row labels need ~50 px a row; the legend below ~24 px an entry (entries this long take a row each)
+    fig.update_layout(legend=plots.LEGEND_BELOW, height=130 + 50 * rows + 24 * entries)
+    return plots.fixed_range(fig, "xaxis", "every exponent is read against the two mechanisms' values, 1 and 3")
 
 
 # ---- the hierarchy part (:mod:`depthlib.compose.hierarchy_views` makes the tables) ---------------------------------

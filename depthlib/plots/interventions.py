@@ -9,14 +9,27 @@ its teacher per input); most span decades, so their axes are logarithmic and val
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from depthlib.plots import HEAT, color, dropdown, new_figure
+from depthlib.plots import HEAT, LEGEND_BELOW, color, colour_key, dropdown, new_figure
 
 FLOOR = 1e-6     # log-axis floor for a loss change ≤ 0
-BELOW = dict(orientation="h", x=0, xanchor="left", y=-0.22, yanchor="top")   # a legend under the axes
+BELOW = LEGEND_BELOW   # a legend under the axes
+#: what the two colours of a per-model figure mean: the language models against the toy controls
+KIND_COLOURS = {"language model": color(1), "toy control (teacher–student)": color(0)}
+
+
+def _kind_colour(model: str) -> str:
+    return KIND_COLOURS["toy control (teacher–student)" if model.startswith("toy") else "language model"]
+
+
+def _name(model: str) -> str:
+    """A model's label for the reader: a toy replicate 'toy tied r0' reads 'toy tied, replicate 0'."""
+    return re.sub(r" r(\d+)$", r", replicate \1", str(model))
 
 
 def _pos(v) -> np.ndarray:
@@ -26,15 +39,16 @@ def _pos(v) -> np.ndarray:
 def _one_at_a_time(fig: go.Figure, labels: list[str], draw, title, layout=None) -> go.Figure:
     """Draw each label's traces (``draw(label, visible)`` adds them to ``fig``) and a dropdown that shows one label's
     traces at a time; the title (``title(label)``) and any other layout (``layout(label)``, e.g. shapes) follow the
-    choice. The first label is shown."""
+    choice. The first label is shown; traces drawn before (a colour key) stay shown."""
     spans = []
     for j, label in enumerate(labels):
         start = len(fig.data)
         draw(label, j == 0)
         spans.append((start, len(fig.data)))
     extra = layout or (lambda _label: {})
+    inside = lambda i: any(a <= i < b for a, b in spans)     # noqa: E731 (other traces: always shown)
     buttons = [dict(method="update", label=label,
-                    args=[{"visible": [a <= i < b for i in range(len(fig.data))]},
+                    args=[{"visible": [a <= i < b or not inside(i) for i in range(len(fig.data))]},
                           {"title.text": title(label), **extra(label)}])
                for label, (a, b) in zip(labels, spans)]
     if labels:
@@ -77,9 +91,8 @@ def predictions(table: pd.DataFrame) -> go.Figure:
     def draw(label: str, visible: bool) -> None:
         sub = table[table["prediction"] == label]
         fig.add_trace(go.Scatter(x=sub["value"], y=sub["model"], mode="markers", error_x=_bars(sub), visible=visible,
-                                 marker=dict(size=10, color=[color(0) if m.startswith("toy") else color(1)
-                                                              for m in sub["model"]]),
-                                 name=label, customdata=sub[["lo", "hi", "reading"]].to_numpy(),
+                                 marker=dict(size=10, color=[_kind_colour(m) for m in sub["model"]]),
+                                 name=label, showlegend=False, customdata=sub[["lo", "hi", "reading"]].to_numpy(),
                                  hovertemplate="%{y}: %{x:.4g} [%{customdata[0]:.4g}, %{customdata[1]:.4g}]"
                                                "<br>%{customdata[2]}<extra></extra>"))
 
@@ -94,7 +107,8 @@ def predictions(table: pd.DataFrame) -> go.Figure:
             shape.append(dict(type="line", xref="x", yref="paper", x0=thr, x1=thr, y0=0, y1=1,
                               line=dict(dash="dash", color="gray")))
         return {"shapes": shape}
-    fig.update_layout(showlegend=False)
+    kinds = {"toy control (teacher–student)" if m.startswith("toy") else "language model" for m in table["model"]}
+    colour_key(fig, {k: c for k, c in KIND_COLOURS.items() if k in kinds})      # shown whatever the menu picks
     return _one_at_a_time(fig, labels, draw, lambda label: label, shapes)
 
 
@@ -149,17 +163,20 @@ def order_vs_distance(pairs: pd.DataFrame, models: list[str]) -> go.Figure:
 
 
 def ratios(stats: pd.DataFrame, statistic: str, title: str, y_title: str) -> go.Figure:
-    """One ratio statistic (e.g. ``parallel_ratio`` per g, ``norm_ratio``) for every model, with its interval."""
+    """One ratio statistic (e.g. ``parallel_ratio`` per g, ``norm_ratio``) for every model, with its interval: one row
+    per model and k (a forest plot, so every row's label is read horizontally), the ratio on a log axis (``y_title``
+    names it), 1 dotted, the colour saying language model or toy control."""
     sub = stats[(stats["statistic"] == statistic)].copy()
-    sub["label"] = sub["model"] + sub["k"].map(lambda k: f" (k/g = {k})")
-    fig = new_figure(title, "", y_title, log_y=True)
-    fig.update_xaxes(type="category")            # one column per model and k: the labels name the columns
-    fig.add_trace(go.Scatter(x=sub["label"], y=_pos(sub["value"]), error_y=_bars(sub), mode="markers",
-                             marker=dict(size=10, color=[color(0) if m.startswith("toy") else color(1)
-                                                         for m in sub["model"]]),
-                             showlegend=False))
-    fig.add_hline(y=1, line_dash="dot", line_color="gray")
-    return fig
+    sub["label"] = sub["model"].map(_name) + sub["k"].map(lambda k: f" (k/g = {k})")
+    sub = sub.iloc[::-1]                         # the first row at the top
+    fig = new_figure(title, y_title, "", log_x=True, height=140 + 22 * max(len(sub), 1))
+    fig.update_yaxes(type="category", automargin=True)   # one row per model and k: the labels name the rows
+    fig.add_trace(go.Scatter(x=_pos(sub["value"]), y=sub["label"], mode="markers",
+                             error_x=_bars(sub), marker=dict(size=9, color=[_kind_colour(m) for m in sub["model"]]),
+                             showlegend=False, hovertemplate="%{y}: %{x:.3g}<extra></extra>"))
+    fig.add_vline(x=1, line_dash="dot", line_color="gray")
+    kinds = {"toy control (teacher–student)" if m.startswith("toy") else "language model" for m in sub["model"]}
+    return colour_key(fig, {k: c for k, c in KIND_COLOURS.items() if k in kinds})
 
 
 def positions(stats: pd.DataFrame, models: list[str]) -> go.Figure:
@@ -167,7 +184,7 @@ def positions(stats: pd.DataFrame, models: list[str]) -> go.Figure:
     fig = new_figure("Deletion cost by position in the middle", "model", "Δ loss (nats per token; toy: KL)", log_y=True)
     for i, t in enumerate(("first", "middle", "last")):
         sub = stats[(stats["statistic"] == "position") & (stats["scope"] == t)].set_index("model").reindex(models).reset_index()
-        fig.add_trace(go.Scatter(x=sub["model"], y=_pos(sub["value"]), error_y=_bars(sub), mode="markers",
+        fig.add_trace(go.Scatter(x=sub["model"].map(_name), y=_pos(sub["value"]), error_y=_bars(sub), mode="markers",
                                  name=f"{t} third", marker=dict(size=10, color=color(i))))
     fig.update_layout(legend=BELOW)
     return fig
@@ -176,10 +193,10 @@ def positions(stats: pd.DataFrame, models: list[str]) -> go.Figure:
 def norms(profile: pd.DataFrame, models: list[str]) -> go.Figure:
     """The mean stream norm ‖h_i‖ at each block's input over the first middle block's, against relative depth."""
     fig = new_figure("How the residual stream's norm grows along depth", "relative depth (i + ½)/ℓ",
-                     "‖h_i‖ / ‖h_first middle‖", log_y=True)
+                     "stream norm ‖h<sub>i</sub>‖ ÷ its value at the first middle block (ratio)", log_y=True)
     for i, m in enumerate(models):
         g = profile[profile["model"] == m]
-        fig.add_trace(go.Scatter(x=g["depth"], y=g["relative_norm"], mode="lines+markers", name=m,
+        fig.add_trace(go.Scatter(x=g["depth"], y=g["relative_norm"], mode="lines+markers", name=_name(m),
                                  line=dict(color=color(i))))
     fig.update_layout(legend=BELOW)
     return fig
@@ -203,7 +220,7 @@ def signature(stats: pd.DataFrame) -> go.Figure:
         replicate = m.startswith("toy ") and m not in pooled      # one legend entry per control: its replicates' points
         kind = m.split()[1] if m.startswith("toy ") else m        # share the pooled mean's colour, unlabelled
         c = color(models.index(f"toy {kind}")) if replicate and f"toy {kind}" in models else color(i)
-        fig.add_trace(go.Scatter(x=[b["value"]], y=[a["value"]], mode="markers", name=m, showlegend=not replicate,
+        fig.add_trace(go.Scatter(x=[b["value"]], y=[a["value"]], mode="markers", name=_name(m), showlegend=not replicate,
                                  legendgroup=f"toy {kind}" if m.startswith("toy ") else m, opacity=0.5 if replicate else 1,
                                  marker=dict(size=7 if replicate else 10, color=c,
                                              symbol="circle" if m.startswith("toy") else "diamond"),

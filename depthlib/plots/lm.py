@@ -52,13 +52,14 @@ def loss_vs_depth(final: pd.DataFrame, band: pd.DataFrame, alpha: dict, paper: t
 
 
 def alpha_comparison(rows: pd.DataFrame) -> go.Figure:
-    """α_ℓ with intervals from several sources (rows: label, value, lo, hi) on one axis."""
+    """α_ℓ with intervals from several sources (rows: label, value, lo, hi) on one axis, in one colour: the row labels
+    name the sources (a colour per row would say nothing the labels do not)."""
     fig = plots.new_figure("The depth exponent α<sub>ℓ</sub>: this family beside the paper", "α<sub>ℓ</sub> (dimensionless)",
                            "", height=300)
-    for i, r in enumerate(rows.itertuples()):
-        fig.add_trace(go.Scatter(x=[r.value], y=[r.label], mode="markers", marker=dict(size=12, color=plots.color(i)),
+    for r in rows.itertuples():
+        fig.add_trace(go.Scatter(x=[r.value], y=[r.label], mode="markers", marker=dict(size=12, color=plots.color(0)),
                                  error_x=dict(type="data", symmetric=False, array=[r.hi - r.value],
-                                              arrayminus=[r.value - r.lo], color=plots.color(i)),
+                                              arrayminus=[r.value - r.lo], color=plots.color(0)),
                                  name=r.label, showlegend=False))
     # the labels are categories: on plotly's default (linear) axis the markers would not be drawn at all
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=list(rows["label"])[::-1])

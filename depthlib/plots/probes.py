@@ -106,8 +106,8 @@ def pca_scatter(analysis, *, model: str = "", max_points: int = 4000, seed: int 
                                    marker=dict(size=4, color=plots.color(i), opacity=0.5),
                                    name=f"cluster near '{name}': {100 * frac:.1f}% of tokens"))
     for i, (name, xy) in enumerate(analysis.ideal_coords.items()):
-        fig.add_trace(go.Scatter(x=[xy[0]], y=[xy[1]], mode="markers+text", text=[f"ideal: {name}"],
-                                 textposition="top center",
+        # named in the legend only: the two ideals often sit a few px apart, where labels print over each other
+        fig.add_trace(go.Scatter(x=[xy[0]], y=[xy[1]], mode="markers",
                                  marker=dict(size=16, symbol="star", color=plots.color(i),
                                              line=dict(color="black", width=1.5)),
                                  name=f"ideal '{name}'"))

@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 from depthlib import plots, scaling
 
 TERM_AXES = {  # term -> (column of the raw data, axis title, raw-unit conversion of the feature)
-    "m": ("d_model", "width m = d_model", 1.0),
+    "m": ("d_model", "width m (model dimension)", 1.0),
     "l": ("n_layers", "depth ℓ (blocks)", 1.0),
     "D": ("num_tokens", "training tokens D", 1.0),
 }
@@ -181,7 +181,7 @@ def width_depth_optimum(fit: scaling.Fit, df: pd.DataFrame) -> go.Figure:
     constraint = "at fixed m²(ℓ − 2), not the parameter count" if fit.points.depth_offset == 2 else "at fixed N ∝ m²ℓ"
     fig = plots.new_figure(f"Width–depth optimum {constraint}: m* ∝ {var}^{opt['m_vs_l_exponent']:.2f}, "
                            f"loss ∝ N^−{opt['N_exponent']:.3f}",
-                           "depth ℓ (blocks, log)", "width m (d_model, log)", log_x=True, log_y=True)
+                           "depth ℓ (blocks, log)", "width m (model dimension, log)", log_x=True, log_y=True)
     ell = np.geomspace(6, 80, 50)
     depth = ell - fit.points.depth_offset
     fig.add_trace(go.Scatter(x=ell, y=opt["m_prefactor"] * depth ** opt["m_vs_l_exponent"], mode="lines",

@@ -100,7 +100,7 @@ def alpha_vs_step(alpha_steps: pd.DataFrame):
     """α_ℓ against training step, one line (with its interval band) per ρ; a slider over temperature."""
     temps = sorted(alpha_steps["temperature"].unique())
     rhos = sorted(alpha_steps["rho"].unique())
-    fig = plots.new_figure("α_ℓ during training", "training step", "depth exponent α_ℓ")
+    fig = plots.new_figure("α_ℓ during training", "training step", "depth exponent α_ℓ (dimensionless)")
     for temp in temps:
         for i, rho in enumerate(rhos):
             g = alpha_steps[(alpha_steps["rho"] == rho) & (alpha_steps["temperature"] == temp)].sort_values("step")
@@ -119,7 +119,8 @@ def alpha_vs_step(alpha_steps: pd.DataFrame):
     titles = [f"α_ℓ during training, T = {t:.3g}" for t in temps]
     fig.update_layout(title_text=titles[0])
     plots.add_slider(fig, plots.slider_steps([f"T={t:.3g}" for t in temps], per, titles=titles))
-    return fig
+    return plots.fixed_range(fig, "yaxis", "α_ℓ is read against both mechanisms' values, 1 and 3, and every "
+                                           "temperature of the slider keeps the same frame")
 
 
 def step_angle_profiles(sig: pd.DataFrame):
@@ -230,7 +231,7 @@ def calibration_alpha(alpha_steps: pd.DataFrame, steps: int):
     """α_ℓ against training step for the calibration runs (one line and t-band per teacher); the start of the
     final lr decay (80 % of ``steps``) is marked."""
     fig = plots.new_figure("α_ℓ during training: tied against independent teacher", "training step",
-                           "depth exponent α_ℓ")
+                           "depth exponent α_ℓ (dimensionless)")
     for i, (kind, g) in enumerate(sorted(alpha_steps.groupby("teacher"), key=lambda kv: kv[0] != "tied")):
         g = g.sort_values("step")
         c = plots.color(i)
@@ -243,7 +244,7 @@ def calibration_alpha(alpha_steps: pd.DataFrame, steps: int):
         fig.add_hline(y=y, line=dict(color="#999", dash="dot"), annotation_text=label, annotation_position="top left")
     fig.add_vline(x=0.8 * steps, line=dict(color="#bbb", dash="dash"), annotation_text="lr decay starts",
                   annotation_position="top right")
-    return fig
+    return plots.fixed_range(fig, "yaxis", "α_ℓ is read against both mechanisms' values, 1 and 3")
 
 
 def calibration_losses(curves: pd.DataFrame):
@@ -310,6 +311,18 @@ def converged_losses(best: pd.DataFrame, rows: pd.DataFrame, paper: pd.DataFrame
     return fig
 
 
+#: the training routes of :mod:`depthlib.toy.converged` and :mod:`depthlib.toy.certified` in words
+ROUTE_NAMES = {"scratch": "from scratch (paper's init)", "euler": "Euler warm start (teacher's flow)",
+               "progressive": "progressive (from depth ℓ/2)", "distilled": "group distillation"}
+
+
+def route_name(route: str) -> str:
+    """A route's name for the reader ('continued2' reads 'best route, continued 2×')."""
+    if route.startswith("continued") and route[len("continued"):].isdigit():
+        return f"best route, continued {route[len('continued'):]}×"
+    return ROUTE_NAMES.get(route, route)
+
+
 def converged_routes(rows: pd.DataFrame, best: pd.DataFrame):
     """Each trained route's held-out loss divided by the best route's, per (teacher, T, depth), geometric mean over
     replicates: 1 is the winning route; a dropdown picks the teacher and temperature."""
@@ -321,12 +334,13 @@ def converged_routes(rows: pd.DataFrame, best: pd.DataFrame):
     cells = sorted({(t, T) for t, T in zip(agg["teacher"], agg["temperature"])}, key=lambda c: (c[0] != "tied", -c[1]))
     routes = sorted(agg["route"].unique(), key=lambda r: (r.startswith("continued"), r))
     fig = plots.new_figure("Which route reaches the lowest loss", "student depth ℓ (blocks)",
-                           "test loss ÷ best route's (geometric mean over replicates)", log_x=True, log_y=True)
+                           "test loss ÷ best route's (ratio, geometric mean over replicates)", log_x=True, log_y=True)
     for c, (teacher, T) in enumerate(cells):
         g = agg[(agg["teacher"] == teacher) & (agg["temperature"] == T)]
         for i, route in enumerate(routes):
             r = g[g["route"] == route]
-            fig.add_trace(go.Scatter(x=r["depth"], y=r["ratio"], mode="lines+markers", name=route, visible=c == 0,
+            fig.add_trace(go.Scatter(x=r["depth"], y=r["ratio"], mode="lines+markers", name=route_name(route),
+                                     visible=c == 0,
                                      line=dict(color=plots.color(i)), legendgroup=route))
     n = len(routes)
     buttons = [dict(label=f"{t}, T = {T:g}", method="update",

@@ -72,7 +72,7 @@ def trace_heatmap(table: pd.DataFrame, *, title: str | None = None, height: int 
         axes[axis] = dict(colorscale=KIND_SCALES[kind], cmin=p_corrupt, cmax=max(p_clean, float(sub["p"].max())),
                           colorbar=dict(title=dict(text=f"p({target.strip()})"), len=0.9), showscale=i == 0)
         t = (f"{model} · {KIND_NAMES[kind]} restored (window {int(sub['window'].iloc[0])})<br>"
-             f"<sup>\"{prompt}\" → \"{target}\" · p_clean = {p_clean:.3f}, p_corrupt = {p_corrupt:.3f}, "
+             f"<sup>\"{prompt}\" → \"{target}\" · p(clean) = {p_clean:.3f}, p(corrupted) = {p_corrupt:.3f}, "
              f"{int(sub['samples'].iloc[0])} noise samples</sup>")
         titles.append(t)
         buttons.append((f"{prompt[:28]}… · {kind}" if len(prompt) > 28 else f"{prompt} · {kind}"))
