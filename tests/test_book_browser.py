@@ -5,6 +5,11 @@ error or a request fails (the book must work with no network), if a plotly figur
 chapter's figures are missing, if anything in a chapter's main column is wider than its box at a 1280 x 900 window
 (clipped, or sticking out over the margin), if the intro does not name every chapter of ``_toc.yml``, or if its
 verdict table lacks a row with a status for a claim. Full-page screenshots go to ``_build/browser/`` for a human look.
+
+Every page is also read as a reader reads its figures and tables (``tests/figure_checks.py``, each check proven able to
+fail in ``tests/test_figure_checks.py``): no axis title over the figure's title or another axis title, at least two
+tick labels on every axis, no label printed over another, data filling at least a quarter of every axis, every colour
+that distinguishes data named, and no table cell cut short.
 """
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from tests import figure_checks
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -247,3 +254,50 @@ def test_chapter1_slider_works_without_a_kernel(built_book, browser):
     assert visible_after != visible_before, "the slider did not switch the visible fit"
     assert not failed
     page.close()
+
+
+@pytest.fixture(scope="module")
+def legibility(built_book, browser):
+    """page -> check -> problems, for every page of ``_toc.yml`` (:func:`figure_checks.run_checks`)."""
+    html, _ = built_book
+    report = {}
+    for file in _toc_files():
+        url = (html / "index.html").as_uri() if file == _toc_files()[0] else (html / f"{file}.html").as_uri()
+        page, _, _ = _open(browser, url, None)
+        report[file] = figure_checks.run_checks(page)
+        page.close()
+    return report
+
+
+def _problems(report: dict, check: str) -> list[str]:
+    return [f"{file}: {p}" for file, checks in report.items() for p in checks[check]]
+
+
+def test_axis_titles_clear_the_figure_title_and_each_other(legibility):
+    bad = _problems(legibility, "axis_titles")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_axis_shows_at_least_two_tick_labels(legibility):
+    bad = _problems(legibility, "tick_labels")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_label_is_printed_over_another(legibility):
+    bad = _problems(legibility, "labels_overlap")
+    assert not bad, "\n".join(bad)
+
+
+def test_data_fill_at_least_a_quarter_of_every_axis(legibility):
+    bad = _problems(legibility, "data_span")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_colour_that_distinguishes_data_is_named(legibility):
+    bad = _problems(legibility, "colours_named")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_table_cell_is_cut_short(legibility):
+    bad = _problems(legibility, "table_cells")
+    assert not bad, "\n".join(bad)
