@@ -166,3 +166,14 @@ def test_views_answer_is_undecided_unless_every_member_is_certified():
     assert "tied 1.30 [1.00, 1.60] (drop-one-depth 1.10–1.50)" in open_ and "+0.40 [+0.10, +0.70]" in open_
     assert [m["family"] for m in v.measurements(_tables())] == ["tied"]
     assert v.measurements(_tables(certified=False))[0]["certified"] is False
+
+
+def test_figures_draw_the_smoke_run_without_problems(smoke_run):
+    from depthlib import plots
+    from depthlib.compose import text_certified_views as v
+    from depthlib.plots import compose as figs
+    losses = figs.text_certified_losses(v.loss_table(smoke_run))
+    assert not plots.figure_problems(losses) and len(losses.data) == 3                # one line per family
+    e = v.exponent_table(smoke_run).assign(shown=True).dropna(subset=["alpha"])
+    alphas = figs.text_certified_alphas(e)
+    assert not plots.figure_problems(alphas) and list(alphas.data[0].x) == list(e["alpha"])

@@ -315,3 +315,39 @@ def hierarchy_slopes(slopes: pd.DataFrame, quantity: str, L: int) -> go.Figure:
     fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=f"L = {L}", showarrow=False, xanchor="left",
                        yanchor="top")
     return fig
+
+
+# ---- the families on chapter 6's text at its certified budget (:mod:`depthlib.compose.text_certified_views`) -------
+def text_certified_losses(losses: pd.DataFrame) -> go.Figure:
+    """Each member's held-out loss at the end of its final stage against effective depth, one line per family (one
+    seed; hollow markers: not certified), log–log (``losses``: :func:`depthlib.compose.text_certified_views.
+    loss_table`)."""
+    fig = plots.new_figure("Reusing depth on text at chapter 6's certified budget: held-out loss",
+                           "effective depth ℓ (block applications)", "held-out loss (nats/token)", log_x=True,
+                           log_y=True)
+    for family, g in losses.groupby("family", sort=False, observed=True):
+        g = g.groupby("depth", as_index=False).agg(val_loss=("val_loss", "mean"), certified=("certified", "all"))
+        fig.add_trace(go.Scatter(x=g["depth"], y=g["val_loss"], mode="lines+markers",
+                                 line=dict(color=FAMILY_COLORS.get(family)),
+                                 marker=dict(size=9, symbol=["circle" if c else "circle-open" for c in g["certified"]]),
+                                 name=FAMILY_NAMES.get(family, family)))
+    fig.update_xaxes(**plots.log_ticks(losses["depth"]))
+    return fig
+
+
+def text_certified_alphas(exponents: pd.DataFrame) -> go.Figure:
+    """α_ℓ over effective depth of every family whose exponent is shown (``exponents``:
+    :func:`depthlib.compose.text_certified_views.exponent_table`), with its 95 % paired bootstrap interval over
+    held-out documents, coloured by family; 1 and 3 marked. A family without a shown exponent is left out (the table
+    beside the figure says why)."""
+    rows = exponents[exponents["shown"]].copy()
+    rows["label"] = [plots.wrap(f"{FAMILY_NAMES.get(r.family, r.family)} (ℓ = {r.depths})", 44)
+                     for r in rows.itertuples()]
+    fig = plots.new_figure("Text at chapter 6's certified budget: depth exponent α<sub>ℓ</sub> per family",
+                           "α<sub>ℓ</sub> (dimensionless)", "", height=120 + 45 * max(len(rows), 1))
+    fig.add_trace(go.Scatter(x=rows["alpha"], y=rows["label"], mode="markers", error_x=_errors(rows, "alpha", "lo", "hi"),
+                             marker=dict(size=10, color=[FAMILY_COLORS.get(f) for f in rows["family"]]),
+                             name="α<sub>ℓ</sub>", showlegend=False))
+    plots.colour_key(fig, {FAMILY_NAMES.get(f, f): FAMILY_COLORS[f] for f in dict.fromkeys(rows["family"])
+                           if f in FAMILY_COLORS})
+    return _with_mechanism_guides(fig)
