@@ -301,3 +301,17 @@ def test_every_colour_that_distinguishes_data_is_named(legibility):
 def test_no_table_cell_is_cut_short(legibility):
     bad = _problems(legibility, "table_cells")
     assert not bad, "\n".join(bad)
+
+
+def test_search_from_file_finds_pages_without_console_errors(built_book, browser):
+    """Sphinx's search fetches each result page for a summary, which a browser refuses from file:// (CORS): the book
+    switches the summaries off there (book/_ext/book_chrome.py), so a reader searching a local build sees results and
+    the console stays clean."""
+    html, _ = built_book
+    page, failed, errors = _open(browser, (html / "search.html").as_uri() + "?q=depth", None)
+    page.wait_for_timeout(2500)
+    found = page.evaluate("() => document.querySelectorAll('#search-results li').length")
+    assert found > 0, "the search found no page for 'depth'"
+    assert not failed, f"requests failed: {failed}"
+    assert not errors, f"console errors: {errors}"
+    page.close()
