@@ -539,6 +539,13 @@ def _number(m: Measurement, digits: int, percent: bool = False) -> str:
     return text + unit
 
 
+def numbers(row: Row) -> dict[str, str]:
+    """{model: "value [lo, hi]"} of a row, printed as the verdict table prints them (a chapter's answer quotes these,
+    so its numbers are the table's)."""
+    c = row.claim
+    return {m.model: _number(m, c.digits, c.percent) for m in row.measurements}
+
+
 def table(rows: Sequence[Row]) -> pd.DataFrame:
     """The verdict as a reader's table: one row per claim, numbers formatted, no NaN cells."""
     out = []

@@ -12,7 +12,7 @@ from depthlib import results
 from depthlib.probes import trajectory
 from depthlib.probes.chapter import angle_summary, ideal_distances, lens_precision
 
-__all__ = ["NEAR_ORTHOGONAL", "angles_paragraph", "clusters_paragraph", "depth_law_paragraph", "key_numbers",
+__all__ = ["NEAR_ORTHOGONAL", "answer", "angles_paragraph", "clusters_paragraph", "depth_law_paragraph", "key_numbers",
            "lens_paragraph", "noise_paragraph", "relative_depth_caption", "updates_paragraph"]
 
 #: an update angle within this of π/2 (rad) is called "near π/2": neighbouring updates nearly uncorrelated
@@ -140,3 +140,38 @@ def depth_law_paragraph(depths: pd.DataFrame, fit: dict | None) -> str:
     return (f"**Measured.** Least-squares exponent through the {len(depths)} model(s) above: α = {fit['alpha']:.2f} "
             "(⟨θ⟩_mid ∝ L^−α; the paper finds ≈ 1 across Pythia). With models from different families this number "
             "mixes depth with everything else that differs between them.")
+
+
+def answer(rows) -> str:
+    """Chapter 2's answer (Markdown) from its verdict rows (:func:`depthlib.verdict.verdict`, chapter 2), each number
+    as the verdict table prints it: the middle blocks' angle, the share of tokens updated evenly, and the angle between
+    consecutive updates — near π/2 (within :data:`NEAR_ORTHOGONAL`) or, below π/4, nearer a smooth flow's 0."""
+    from depthlib import verdict
+    by = {r.claim.key: r for r in rows}
+    if not any(r.measurements for r in rows):
+        return "**Not tested here:** no probe run of this profile is available."
+
+    def quoted(key: str, unit: str = "") -> str:
+        return ", ".join(f"{m} {v}{unit}" for m, v in verdict.numbers(by[key]).items())
+    dh = {m.model: m.value for m in by["update_angle"].measurements}
+    near = [m for m, v in dh.items() if abs(v - math.pi / 2) < NEAR_ORTHOGONAL]
+    flow = [m for m, v in dh.items() if v < math.pi / 4]
+    other = [m for m in dh if m not in near and m not in flow]
+    statuses = {by[k].status for k in ("middle_angle", "tokens_evenly", "update_angle")}
+    lead = ("Yes" if statuses == {"reproduced"} else "Yes in direction, not in the paper's values"
+            if statuses <= {"reproduced", "differs"} else "Partly")
+    verdict_words = (f"{lead}: in the two small models that run offline, the middle blocks turn the state by small "
+                     "angles and almost no token stops being updated early")
+    text = (f"**{verdict_words}.** The middle blocks turn the state by {quoted('middle_angle', ' rad')} "
+            f"(the paper: {PAPER_MIDDLE_ANGLE} rad in Pythia-410m; **{by['middle_angle'].status}**), and "
+            f"{quoted('tokens_evenly')} of tokens are updated evenly through the middle (the paper: 99.6 %; "
+            f"**{by['tokens_evenly'].status}**). Consecutive updates meet at {quoted('update_angle', ' rad')}: ")
+    parts = []
+    if near:
+        parts.append(f"nearly orthogonal in {', '.join(near)}")
+    if other:
+        parts.append(f"far from parallel but not orthogonal in {', '.join(other)}")
+    if flow:
+        parts.append(f"nearer a smooth flow's parallel steps in {', '.join(flow)}")
+    return text + "; ".join(parts) + f" (π/2 = 1.57; **{by['update_angle'].status}**)."
+

@@ -9,7 +9,7 @@ import pandas as pd
 
 from depthlib.scaling import PUBLISHED, Fit, excluded_mask, features, predict
 
-__all__ = ["bootstrap_caption", "depth_slider_caption", "distance_from_three", "exclusion_caption",
+__all__ = ["answer", "bootstrap_caption", "depth_slider_caption", "distance_from_three", "exclusion_caption",
            "observed_caption", "optimum_caption", "optimum_uncertainty", "preset_paragraph", "three_parts_caption"]
 
 #: fewer excluded rows than this keep the under-trained, highest-loss runs in the fit (the paper excludes 40)
@@ -149,3 +149,34 @@ def optimum_caption(optimum: dict, df: pd.DataFrame) -> str:
             f"(line), and the {n_arch} Chinchilla architectures (points), log–log. What to see: the implied optimum "
             f"grows as m ∝ ℓ^{x:.2f}, " + ("faster than linearly" if x > 1 else "no faster than linearly")
             + f" with depth (linear would need α_m = α_ℓ), and both parts then fall as N^−{optimum['N_exponent']:.3f}.")
+
+
+#: the first words of chapter 1's answer for each status of its α_ℓ row (the verdict's rule)
+_ANSWER_LEAD = {"reproduced": "Yes, roughly", "differs": "Roughly, but not at the paper's value",
+                "undecided": "Undecided", "contradicted": "No", "not tested here": "Not tested here"}
+
+
+def answer(rows, df: pd.DataFrame) -> str:
+    """Chapter 1's answer (Markdown) from its verdict rows (:func:`depthlib.verdict.verdict`, chapter 1): the converged
+    fit's α_ℓ with its bootstrap interval and status, where it lies against 1 and 3, and why the data cannot pin it
+    more finely (width and depth grow together; the depths ``df`` spans)."""
+    from depthlib import verdict
+    by = {r.claim.key: r for r in rows}
+    row = by.get("chinchilla_alpha")
+    if row is None or not row.measurements:
+        return "**Not tested here:** the Chinchilla table is not available on this machine."
+    m = row.measurements[0]
+    where = ("near ensemble averaging's 1, far from a converged smooth flow's 3" if m.lo <= 1 <= m.hi and m.hi < 2
+             else "below 2, nearer ensemble averaging's 1 than a smooth flow's 3" if m.hi < 2
+             else "not separated from a smooth flow's 3" if m.hi >= 2 else "")
+    text = (f"**{_ANSWER_LEAD[row.status]}.** Refitted to convergence, the depth exponent is α_ℓ = "
+            f"{verdict.numbers(row)[m.model]} (95 % bootstrap over the runs) — {where}; against the paper's "
+            f"1.2 ± 0.3 it is **{row.status}**.")
+    n = by.get("n_exponent")
+    if n is not None and n.measurements:
+        text += (f" The width and depth parts together fall as N^−{verdict.numbers(n)[n.measurements[0].model]}, "
+                 f"Chinchilla's 1/3 (**{n.status}**).")
+    depths = df["n_layers"]
+    return text + (f" The data cannot pin α_ℓ more finely: width and depth grow together in this family, and depth "
+                   f"spans only {int(depths.min())}–{int(depths.max())} blocks.")
+
