@@ -273,34 +273,21 @@ def _problems(report: dict, check: str) -> list[str]:
     return [f"{file}: {p}" for file, checks in report.items() for p in checks[check]]
 
 
-def test_axis_titles_clear_the_figure_title_and_each_other(legibility):
-    bad = _problems(legibility, "axis_titles")
-    assert not bad, "\n".join(bad)
+#: each defect class the reader met, the legibility report's key for it and what it asserts
+LEGIBILITY_CHECKS = {
+    "axis_titles": "axis titles clear the figure title and each other",
+    "tick_labels": "every axis shows at least two tick labels",
+    "labels_overlap": "no label is printed over another",
+    "data_span": "data fill at least a quarter of every axis",
+    "colours_named": "every colour that distinguishes data is named",
+    "table_cells": "no table cell is cut short",
+}
 
 
-def test_every_axis_shows_at_least_two_tick_labels(legibility):
-    bad = _problems(legibility, "tick_labels")
-    assert not bad, "\n".join(bad)
-
-
-def test_no_label_is_printed_over_another(legibility):
-    bad = _problems(legibility, "labels_overlap")
-    assert not bad, "\n".join(bad)
-
-
-def test_data_fill_at_least_a_quarter_of_every_axis(legibility):
-    bad = _problems(legibility, "data_span")
-    assert not bad, "\n".join(bad)
-
-
-def test_every_colour_that_distinguishes_data_is_named(legibility):
-    bad = _problems(legibility, "colours_named")
-    assert not bad, "\n".join(bad)
-
-
-def test_no_table_cell_is_cut_short(legibility):
-    bad = _problems(legibility, "table_cells")
-    assert not bad, "\n".join(bad)
+@pytest.mark.parametrize("check", LEGIBILITY_CHECKS)
+def test_figures_and_tables_are_legible(legibility, check):
+    bad = _problems(legibility, check)
+    assert not bad, f"{LEGIBILITY_CHECKS[check]}:\n" + "\n".join(bad)
 
 
 def test_search_from_file_finds_pages_without_console_errors(built_book, browser):

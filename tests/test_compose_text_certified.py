@@ -10,8 +10,6 @@ depthlib.compose.text_certified), on answers known by construction:
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -80,15 +78,9 @@ def test_bad_settings_are_one_line_errors():
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    old = os.environ.get("DEPTHLIB_CACHE_DIR")
-    os.environ["DEPTHLIB_CACHE_DIR"] = str(tmp_path_factory.mktemp("text-certified"))
-    try:
+    with pytest.MonkeyPatch.context() as mp:              # an empty results cache for this module's runs
+        mp.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path_factory.mktemp("text-certified")))
         yield chapter.compute(chapter.PROFILES["smoke"].text_certified, jobs=1, progress=False)
-    finally:
-        if old is None:
-            os.environ.pop("DEPTHLIB_CACHE_DIR")
-        else:
-            os.environ["DEPTHLIB_CACHE_DIR"] = old
 
 
 def test_the_tied_member_of_depth_one_is_chapter_sixs_untied_member(smoke_run):
