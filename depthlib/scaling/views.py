@@ -174,8 +174,8 @@ def answer(rows, df: pd.DataFrame) -> str:
             f"1.2 ± 0.3 it is **{row.status}**.")
     n = by.get("n_exponent")
     if n is not None and n.measurements:
-        text += (f" The width and depth parts together fall as N^−{verdict.numbers(n)[n.measurements[0].model]}, "
-                 f"Chinchilla's 1/3 (**{n.status}**).")
+        text += (" The width and depth parts together fall as a power of the parameter count N with exponent "
+                 f"{verdict.numbers(n)[n.measurements[0].model]}, against Chinchilla's 1/3 (**{n.status}**).")
     depths = df["n_layers"]
     return text + (f" The data cannot pin α_ℓ more finely: width and depth grow together in this family, and depth "
                    f"spans only {int(depths.min())}–{int(depths.max())} blocks.")
