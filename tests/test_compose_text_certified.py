@@ -3,7 +3,7 @@ depthlib.compose.text_certified), on answers known by construction:
 
 * a tied member is chapter 6's model with one block applied ℓ times: its logits and its tapped hidden states equal those
   of an untied model whose ℓ blocks are copies of that block, bit for bit (the same operations in the same order);
-* the schedules are chapter 7's own transformer's;
+* the schedules are chapter 7's own transformer's (passed in), and the untied one is chapter 6's model;
 * a tied member of effective depth 1 *is* chapter 6's untied member of depth 1 (same seed, same initialisation, same
   data and schedule): its certified loss equals the untied member's exactly;
 * the tied − untied difference is computed on paired resamples (its point value is the difference of the two fits).
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from depthlib.compose import chapter
-from depthlib.compose.model import schedule as compose_schedule
+from depthlib.compose.model import schedule
 from depthlib.errors import InputError
-from depthlib.lm.families import FAMILIES, MIN_DEPTH, build_family_model, schedule
+from depthlib.lm.families import build_family_model
 from depthlib.lm.model import ModelConfig, build_model, parameter_counts
 from depthlib.probes.tap import tap_hidden_states
 
@@ -25,10 +25,14 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CFG = ModelConfig(d_model=16, n_heads=2)
 
 
-def test_schedules_are_chapter_sevens():
-    for family in FAMILIES:
-        for depth in range(MIN_DEPTH[family], 11):
-            assert schedule(family, depth) == compose_schedule(family, depth)
+def _member(family: str, depth: int):
+    return build_family_model(CFG, depth, 64, 0, blocks=schedule(family, depth)[1])
+
+
+def test_the_untied_schedule_is_chapter_sixs_model_and_a_bad_schedule_is_refused():
+    assert type(build_family_model(CFG, 3, 64, 0, blocks=[0, 1, 2]).gpt_neox.layers[1]).__name__ == "GPTNeoXLayer"
+    with pytest.raises(ValueError, match="schedule of 2 steps for depth 3"):
+        build_family_model(CFG, 3, 64, 0, blocks=[0, 0])
 
 
 def _copies_of_block_zero(depth: int):
@@ -43,7 +47,7 @@ def _copies_of_block_zero(depth: int):
 
 
 def test_a_tied_member_is_one_block_applied_at_every_depth():
-    tied = build_family_model(CFG, "tied", 3, 64, 0).eval()
+    tied = _member("tied", 3).eval()
     copies = _copies_of_block_zero(3)
     ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -57,12 +61,12 @@ def test_a_tied_member_is_one_block_applied_at_every_depth():
 
 
 def test_a_looped_member_shares_its_core_and_trains_it_with_summed_gradients():
-    looped = build_family_model(CFG, "looped", 6, 64, 0)
+    looped = _member("looped", 6)
     blocks = [layer.block for layer in looped.gpt_neox.layers]
     assert blocks[1] is blocks[2] is blocks[4] and blocks[0] is not blocks[1] and blocks[5] is not blocks[1]
     block = sum(p.numel() for p in blocks[0].parameters())
     assert parameter_counts(looped)["n_params"] - parameter_counts(
-        build_family_model(CFG, "tied", 6, 64, 0))["n_params"] == 2 * block
+        _member("tied", 6))["n_params"] == 2 * block
     assert looped.config.use_cache is False                   # a shared block must not append to one cache entry
 
 

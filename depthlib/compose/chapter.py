@@ -508,7 +508,8 @@ def replay_text_certified(run: results.Run) -> pd.DataFrame:
     try:
         with tempfile.TemporaryDirectory() as tmp:     # the checkpoint written at that evaluation holds the curve
             ckpt = Path(tmp) / "checkpoint.pt"
-            model = build_family_model(cfg.series.model, family, depth, len(tok), seed, tok.eos_token_id)
+            model = build_family_model(cfg.series.model, depth, len(tok), seed, tok.eos_token_id,
+                                       text_certified.schedule(family, depth)[1])
             train_model(model, data, cfg.series.train, seed=seed, checkpoint=ckpt, stop_at_step=first)
             curve = pd.DataFrame(torch.load(ckpt, weights_only=False)["curve"])
     finally:

@@ -46,11 +46,11 @@ import pandas as pd
 import torch
 
 from depthlib import results
+from depthlib.compose.model import FAMILIES, MIN_DEPTH, schedule
 from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.lm import converged, fit, series
 from depthlib.lm.converged import ConvergedConfig
-from depthlib.lm.families import FAMILIES, MIN_DEPTH
 from depthlib.lm.tokenizer import tokenizer_digest
 from depthlib.validate import int_in_range
 
@@ -121,7 +121,8 @@ def member_unit(config: dict, family: str, depth: int, seed: int, store_path: st
     if store.has(f"{name}_member"):
         return name
     tok, data, _, pieces = series.prepare_data(cfg.series.series(), _series_store(cfg))
-    tables = converged.train_member(cfg.series, depth, seed, tok, data, pieces, device, store, family=family)
+    tables = converged.train_member(cfg.series, depth, seed, tok, data, pieces, device, store, family=family,
+                                    blocks=tuple(schedule(family, depth)[1]))
     tables.pop("_model")
     for t in MEMBER_TABLES:
         store.write_table(f"{name}_{t}", tables[t].assign(family=family))

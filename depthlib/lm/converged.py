@@ -179,20 +179,21 @@ def _save_stage(store: results.Run, name: str, stage: Stage) -> Stage:
 
 
 def train_member(cfg: ConvergedConfig, depth: int, seed: int, tok, data: TokenData, pieces, device: str,
-                 store: results.Run, on_step=None, family: str = "untied") -> dict[str, pd.DataFrame]:
+                 store: results.Run, on_step=None, family: str = "untied",
+                 blocks: tuple[int, ...] | None = None) -> dict[str, pd.DataFrame]:
     """Train member (depth, seed) — main training, then continuations until one gains < ``gain_below``
     (:func:`depthlib.lm.continuation.certify`) — probe the certified member and return its tables (``MEMBER_TABLES``
     without ``member``) plus ``model`` (the certified weights, loaded) under ``_model``. Every stage is resumed from
     ``store`` (finished) or its checkpoint (mid-way). ``on_step(stage, step, loss)`` is called after each step.
-    ``family``: chapter 6's model (``untied``) or the same model with its depth reused (:mod:`depthlib.lm.families`),
-    trained the same way; ``depth`` is then the effective depth."""
+    ``family``: chapter 6's model (``untied``) or the same model with its depth reused, its step j applying block
+    ``blocks[j]`` (:mod:`depthlib.lm.families`), trained the same way; ``depth`` is then the effective depth."""
     name, scfg = unit_name(depth, seed, family), cfg.series()
 
     def hook(stage):
         return None if on_step is None else (lambda step, loss: on_step(stage, step, loss))
 
     def fresh():
-        return build_family_model(cfg.model, family, depth, len(tok), seed, tok.eos_token_id).to(device)
+        return build_family_model(cfg.model, depth, len(tok), seed, tok.eos_token_id, blocks).to(device)
 
     main = _load_stage(store, name, "main")
     if main is None:
