@@ -13,7 +13,7 @@ whose estimate does not fit in the time left is skipped with a line saying so, a
                     compare with the committed fp32 CPU runs of chapter 2).
 5. ``lm``           ``depthlib lm --profile paper --part series --rerun``: chapter 6's depth series.
 
-The estimates for steps 2–5 are guesses until someone measures them on a GPU (this project's sessions had none);
+The estimates for steps 2, 4 and 5 are guesses until someone measures them on a GPU; step 3's was measured (below);
 every run is cached and resumable, so a step cut off by its limit continues next time from its last checkpoint
 (carry ``data/cache/results`` to the next machine). Finished run folders are copied to ``OUT/results`` (commit them
 with ``python -m depthlib.results commit <folder>``) and a summary of every step to ``OUT/gpu_session.json``.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+
+
+#: Measured on an H200 (2026-12-04, torch 2.11, fp32): the paper calibration's 18 students at batch 1024 ran 37.5
+#: steps/s, so its 80,000 steps take 36 minutes per teacher (the first estimate, 240 s, was a guess): it needs a
+#: session of its own, resumed from ``data/cache/results`` carried between machines.
+CALIBRATION_S = 2 * 80_000 / 37.5
 
 
 def steps(device: str, profile: str) -> list[dict]:
@@ -50,7 +57,7 @@ def steps(device: str, profile: str) -> list[dict]:
          "estimate_s": None},
         {"name": "calibration", "commands": [dl + ["toy", "--profile", profile, "--calibration", kind, "--device",
                                                    device, "--json"] for kind in ("tied", "independent")],
-         "estimate_s": 20 if smoke else 240},
+         "estimate_s": 20 if smoke else CALIBRATION_S},
         {"name": "probes-bf16", "commands": [dl + ["probes", "--model", m, "--corpus", "sotu", *probe_size, "--dtype",
                                                    "float32" if device == "cpu" else "bfloat16", "--device", device,
                                                    "--json"] for m in ("gemma-3-270m", "smollm2-135m")],
@@ -62,16 +69,18 @@ def steps(device: str, profile: str) -> list[dict]:
 
 
 def _last_json(text: str):
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                return None
-    try:
-        return json.loads(text[text.index("{"):])
-    except ValueError:
-        return None
+    """The last JSON object printed on ``text`` (one line, or indented over several as ``json.dumps(indent=2)``
+    prints it): decoded from the last line that opens an object and is decodable through to the end of the text."""
+    text = text.rstrip()
+    starts = [m.start() for m in re.finditer(r"^\{", text, flags=re.M)]
+    for start in reversed(starts):
+        try:
+            obj, end = json.JSONDecoder().raw_decode(text, start)
+        except json.JSONDecodeError:
+            continue
+        if end == len(text):
+            return obj
+    return None
 
 
 def _projected_toy_s(report: dict) -> float | None:

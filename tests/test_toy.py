@@ -361,3 +361,8 @@ def test_gpu_session_script_plans_and_runs_a_step(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as err:
         gs.main(["--only", "nope", "--dry-run"])
     assert err.value.code == 2
+    # the reports it reads: bench_toy prints two indented objects, the projection last; a command its one-line summary
+    printed = ("round 0: 20 model-steps/s\n" + json.dumps({"device": "cuda"}, indent=2) + "\n"
+               + json.dumps({"paper_sweep": {"fp32": {"projected_wall_min": 3.0}}}, indent=2) + "\n")
+    assert gs._projected_toy_s(gs._last_json(printed)) == 180.0
+    assert gs._last_json('progress\n{"run": "x"}\n') == {"run": "x"} and gs._last_json("no report") is None
