@@ -189,6 +189,32 @@ def test_smoke_run_merges_reports_and_draws(roots):
     assert chapter.replay(run)[["committed", "replayed"]].notna().all().all()
 
 
+def test_a_committed_unit_is_not_retrained_unless_it_is_stale(roots):
+    """A run longer than a machine keeps its cache goes on from its committed units: a fresh committed unit of the
+    same settings is returned as it is (nothing trains, its tables are the local unit's); one computed by other code
+    (a changed fingerprint), or one of other settings, is not used."""
+    import json
+    import shutil
+
+    from depthlib import results
+    from depthlib.toy import chapter
+    committed_root, local_root = roots
+    cell = CFG.units()[0]
+    local = results.Run.load(chapter.train_protocol_unit("certified", CFG.to_dict(), cell))
+    assert local.path.is_relative_to(local_root) and list(local.path.glob("student_*.pt"))
+    kept, table = results.commit_run(local), local.table("certified")
+    assert not list(kept.glob("*.pt"))                       # tables and manifest only, never weights
+    shutil.rmtree(local.path)
+    again = results.Run.load(chapter.train_protocol_unit("certified", CFG.to_dict(), cell))
+    assert again.path == kept and not local.path.exists()    # taken from data/results: nothing trained
+    pd.testing.assert_frame_equal(again.table("certified"), table)
+    assert chapter.committed_unit("certified", CFG.to_dict(), CFG.units()[1]) is None
+    assert chapter.committed_unit("certified", dataclasses.replace(CFG, steps=40).to_dict(), cell) is None
+    manifest = json.loads((kept / "manifest.json").read_text())
+    (kept / "manifest.json").write_text(json.dumps({**manifest, "code_fingerprint": "000000000000"}))
+    assert chapter.committed_unit("certified", CFG.to_dict(), cell) is None
+
+
 def test_alpha_by_round_follows_the_best_loss_of_each_chain():
     """Round k takes each depth's lowest loss over its routes and continuations up to k: with losses that fall as
     ℓ^−1 on the routes and as ℓ^−2 after one continuation at every depth (known answers), α_ℓ is 1 then 2, and a

@@ -501,14 +501,35 @@ def _stage_io(protocol: Protocol, run: results.Run, job):
     return load, save
 
 
-def train_protocol_unit(protocol: str, config: dict, cell: dict, device: str = "cpu", progress: bool = False) -> str:
+def committed_unit(protocol: str, config: dict, cell: dict) -> results.Run | None:
+    """The unit (teacher, T, replicate) of these settings committed under ``data/results/<units experiment>`` by an
+    earlier stretch of the run, if it is fresh (computed by the current code), else None.
+
+    A protocol's run can take longer than a machine keeps its cache (the certified cpu run: hours on two cores, on
+    machines wiped between sessions), so each finished unit can be committed on its own (``python -m
+    depthlib.results commit <unit folder>``: its tables and manifest, never its students' weights) and a later
+    stretch, on a fresh machine, trains only the units that are not committed. The merge reads nothing but the
+    units' tables; a committed unit has no weights, so what reuses them (chapters 5 and 7) retrains that unit."""
+    root = paths.committed_results_dir()
+    if root is None or not (root / PROTOCOLS[protocol].units).is_dir():
+        return None
+    want = results.normalise({**config, "cell": cell})
+    return next((run for run in results.find_runs(PROTOCOLS[protocol].units, [root])
+                 if run.config == want and not run.stale), None)
+
+
+def train_protocol_unit(protocol: str, config: dict, cell: dict, device: str = "cpu", progress: bool = False,
+                        committed: bool = True) -> str:
     """Every route of every depth of one (teacher, T, replicate) of a protocol, resumable student by student
     (each finished student's weights, curve and summary are saved in the unit's folder in the cache: chapters 5
-    and 7 reuse the weights). Returns the unit's run folder. Module-level, so an executor can run it."""
+    and 7 reuse the weights). Returns the unit's run folder: a committed one (:func:`committed_unit`) when
+    ``committed`` and there is one. Module-level, so an executor can run it."""
     import torch
 
     from depthlib import runtime
     p = PROTOCOLS[protocol]
+    if committed and (done := committed_unit(protocol, config, cell)) is not None:
+        return str(done.path)
     runtime.configure_process()
     cfg = from_dict(p.config_class(), config).validate()
     with results.computing(p.units, {**cfg.to_dict(), "cell": cell}, profile=cfg.profile,
@@ -603,7 +624,8 @@ def protocol_run(protocol: str, profile: str = "smoke", device: str = "cpu", *, 
                  executor=None) -> results.Run:
     """A protocol's run chapter 3 shows for ``profile`` (the one rule, :func:`depthlib.results.select_run`); if
     there is none, its units (one per teacher, temperature and replicate; tied ones first, they take longest) run
-    now on ``executor`` (default: one process per core, each on one torch thread — the measured-fast layout)."""
+    now on ``executor`` (default: one process per core, each on one torch thread — the measured-fast layout). A unit
+    committed by an earlier stretch (:func:`committed_unit`) is not retrained, unless ``rerun``."""
     import os
     import time
 
@@ -618,7 +640,8 @@ def protocol_run(protocol: str, profile: str = "smoke", device: str = "cpu", *, 
         if protocol == "certified":       # T = 1 first, a replicate of each teacher at a time: early units answer
             cells = sorted(cfg.units(), key=lambda c: (-c["temperature"], c["replicate"], -c["rho"]))
         units = [executors.Unit(p.label(c), "depthlib.toy.chapter:train_protocol_unit",
-                                {"protocol": protocol, "config": cfg.to_dict(), "cell": c, "device": device})
+                                {"protocol": protocol, "config": cfg.to_dict(), "cell": c, "device": device,
+                                 "committed": not rerun})
                  for c in cells]
         ex = executor or executors.ExecutorConfig("joblib", jobs=max(1, min(os.cpu_count() or 1, len(units))),
                                                   threads=1)
