@@ -41,6 +41,7 @@ ROOT = paths.committed_results_dir()
 #:   7e-7); the first 5 % of steps replayed (Adam on one block, sign-like first steps) keep the held-out loss within
 #:   a few such units; not yet measured across CPUs.
 RTOL = {"scaling": 0.0, "toy": 1e-4, "toy-calibration": 1e-4, "toy-converged": 1e-4,
+        "toy-certified": 1e-4, "toy-certified-units": 1e-4,
         "tracing": 1e-4, "probes-": 1e-4, "lm": 1e-4, "lm-": 1e-4, "interventions-": 1e-4, "compose-toy": 1e-4,
         "compose-": 1e-4}
 #: float round-off of numbers that are 0 (a KL of the identity, an exactly-fitted point)

@@ -209,6 +209,13 @@ def test_a_committed_unit_is_not_retrained_unless_it_is_stale(roots):
     assert again.path == kept and not local.path.exists()    # taken from data/results: nothing trained
     pd.testing.assert_frame_equal(again.table("certified"), table)
     assert chapter.committed_unit("certified", CFG.to_dict(), CFG.units()[1]) is None
+    # a committed unit replays its own teacher's first student (tests/test_committed_runs.py): tied on the Euler
+    # route, independent from scratch; the same code on the same machine gives the same numbers
+    other = results.Run.load(chapter.train_protocol_unit("certified", CFG.to_dict(), CFG.units()[1]))
+    for unit in (again, other):
+        replayed = chapter.replay(unit)
+        assert len(replayed) == 2 and replayed["committed"].notna().all()
+        np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-6)
     assert chapter.committed_unit("certified", dataclasses.replace(CFG, steps=40).to_dict(), cell) is None
     manifest = json.loads((kept / "manifest.json").read_text())
     (kept / "manifest.json").write_text(json.dumps({**manifest, "code_fingerprint": "000000000000"}))

@@ -340,7 +340,7 @@ def replay(run: results.Run, n_students: int = 1) -> pd.DataFrame:
     A converged-protocol run is replayed by :func:`replay_converged`."""
     if run.experiment == CONVERGED_EXPERIMENT:
         return replay_converged(run)
-    if run.experiment == CERTIFIED_EXPERIMENT:
+    if run.experiment in (CERTIFIED_EXPERIMENT, CERTIFIED_UNITS):
         return replay_certified(run)
     cfg = config_of(run)
     first_cell, depths = cfg.cells[0], sorted(cfg.depths)[:n_students]
@@ -886,30 +886,36 @@ def replay_converged(run: results.Run) -> pd.DataFrame:
 
 
 def replay_certified(run: results.Run) -> pd.DataFrame:
-    """Recompute the first evaluation interval of the first replicate's shallowest tied student on the Euler route at
-    T = 1 — built exactly as :func:`depthlib.toy.certified.train_unit` builds it — and return its committed and
-    recomputed held-out losses at step 0 (the untrained discretisation) and at that step."""
+    """Recompute the first evaluation interval of one student — built exactly as
+    :func:`depthlib.toy.certified.train_unit` builds it — and return its committed and recomputed held-out losses at
+    step 0 and at that step: the shallowest student of the first replicate of the tied teacher at T = 1 (a merged
+    run), or of the unit's own teacher, temperature and replicate (a committed unit), on the Euler route for the tied
+    teacher (step 0: the untrained discretisation) and from scratch for the independent one."""
     from depthlib.toy.engine import StudentSpec
     from depthlib.toy.models import derive_seed, make_teacher
-    cfg = from_dict(certified.CertifiedConfig, run.config)
-    depth, route, r, cell = min(cfg.depths), "euler", 0, {"rho": 1.0, "temperature": 1.0, "replicate": 0}
-    teacher = make_teacher(1.0, derive_seed(cfg.seed, "teacher", r), cfg.shape())
+    config = dict(run.config)
+    cell = config.pop("cell", None) or {"rho": 1.0, "temperature": 1.0, "replicate": 0}
+    cfg = from_dict(certified.CertifiedConfig, config)
+    depth, r = min(cfg.depths), int(cell["replicate"])
+    route, lr_scale = ("euler", cfg.lr_warm) if cell["rho"] == 1.0 else ("scratch", 1.0)
+    teacher = make_teacher(cell["rho"], derive_seed(cfg.seed, "teacher", r), cfg.shape())
     spec = StudentSpec(0, cell["temperature"], depth, derive_seed(cfg.seed, "certified-student", r, depth, route))
     every = cfg.steps // cfg.evals
     eng = certified.PoolStudents(certified.make_pool(cfg, teacher, r),
                                  derive_seed(cfg.seed, "certified-order", r, depth, route), [teacher], [spec],
-                                 certified.stage_training(cfg.lr_warm, cfg.decay_to), cfg.steps, data_seeds=[0],
+                                 certified.stage_training(lr_scale, cfg.decay_to), cfg.steps, data_seeds=[0],
                                  test_seeds=[derive_seed(cfg.seed, "test", r)], batch=cfg.batch,
                                  eval_batches=cfg.eval_batches, eval_batch_size=cfg.eval_batch_size,
                                  shape=cfg.shape(), device="cpu", chunk=1)
-    eng.load_student(converged.euler_student(teacher, depth))
+    if route == "euler":
+        eng.load_student(converged.euler_student(teacher, depth))
     replayed = [(0, float(eng.evaluate()[0]))]
     for _ in range(every):
         eng.step()
     replayed.append((every, float(eng.evaluate()[0])))
     curves = run.table("curves")
-    mine = curves[(curves["teacher"] == "tied") & (curves["temperature"] == 1.0) & (curves["replicate"] == r)
-                  & (curves["depth"] == depth) & (curves["stage"] == route)]
+    mine = curves[(curves["rho"] == cell["rho"]) & (curves["temperature"] == cell["temperature"])
+                  & (curves["replicate"] == r) & (curves["depth"] == depth) & (curves["stage"] == route)]
     out = pd.DataFrame(replayed, columns=["step", "replayed"])
     return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="left")
 
