@@ -424,7 +424,11 @@ def _chapter5(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
 
 def _chapter6(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib.lm import analysis
-    run = _shown("lm", profile, rerun)["series"]
+    parts = _shown("lm", profile, rerun)
+    if parts.get("converged") is not None:     # the series trained until α_ℓ stops moving supersedes the 2 M-token one
+        from depthlib.lm import converged_views
+        return converged_views.measurements(parts["converged"])
+    run = parts["series"]
     if run is None:
         return {}
     alpha, theta = analysis.fit_row(run, "alpha"), analysis.fit_row(run, "alpha_theta")

@@ -579,3 +579,20 @@ def test_the_smoke_runs_figures_are_readable(smoke_run):
     table = cv.members_table(run)
     assert len(table) == len(m) and table["certified"].tolist() == m.sort_values(["depth", "seed"])[
         "certified"].tolist()
+
+
+def test_the_book_verdict_takes_chapter_6s_rows_from_the_converged_series_when_it_is_shown(smoke_run, monkeypatch):
+    """verdict.py's chapter 6 rows: from the converged series once it is a shown part (its measurements decide only
+    where the chapter's own rows do: at smoke size, undecided with the chapter's reason), else from the series."""
+    from depthlib import verdict
+    got = cv.measurements(smoke_run)
+    rows = cv.verdict_rows(smoke_run).set_index("key")
+    alpha, theta = got["series_alpha"][0], got["angle_depth"][0]
+    assert alpha.value == pytest.approx(cv.final_alpha(smoke_run)["value"]) and alpha.profile == "smoke"
+    assert alpha.converged == (rows.loc["alpha", "status"] != "undecided"
+                               and rows.loc["alpha_sensitivity", "status"] != "undecided")
+    assert not theta.converged and rows.loc["alpha_theta", "reason"] in theta.note    # two depths with middle blocks
+    assert verdict.Row(verdict.CLAIMS[[c.key for c in verdict.CLAIMS].index("angle_depth")],
+                       [theta]).status == "undecided"
+    monkeypatch.setattr(verdict, "_shown", lambda *a, **k: {"series": None, "converged": smoke_run})
+    assert verdict._chapter6("smoke", False) == got

@@ -473,6 +473,35 @@ def verdict_rows(source) -> pd.DataFrame:
                          _theta_row(source)])
 
 
+def measurements(source) -> dict[str, list]:
+    """The book's verdict rows ``series_alpha`` and ``angle_depth`` from the converged series: α_ℓ fitted to every
+    member's best stage and α_θ with its t interval, each a :class:`depthlib.verdict.Measurement` that decides only
+    where this chapter's own rows do (``usable``: the α_ℓ row and its drop-one sensitivity, or the α_θ row, are not
+    "undecided" — the stopping rule, every member certified, no fit at a search bound, five depths with middle
+    blocks); otherwise the note says why not."""
+    rows = verdict_rows(source).set_index("key")
+    cfg, a, t = _config(source), _fit(source, "alpha"), alpha_theta(source)
+    depths = ", ".join(str(d) for d in sorted(cfg.get("depths", [])))
+    seeds = len(cfg.get("seeds", []))
+
+    def why(*keys):
+        open_ = [rows.loc[k, "reason"] for k in keys if rows.loc[k, "status"] == "undecided"]
+        return "; ".join(dict.fromkeys(open_))
+
+    alpha_open, theta_open = why("alpha", "alpha_sensitivity"), why("alpha_theta")
+    return {
+        "series_alpha": [verdict.Measurement(
+            f"converged series ℓ = {depths}, {seeds} seeds", float(a["value"]), float(a["lo"]), float(a["hi"]),
+            cfg.get("profile"), "95 % paired bootstrap over held-out documents and seeds; each member's best stage"
+            + (f"; undecided: {alpha_open}" if alpha_open else "; every member certified"),
+            converged=not alpha_open)],
+        "angle_depth": [verdict.Measurement(
+            f"converged series, {t['n_depths']} depths with middle blocks", t["value"],
+            t["lo"] if np.isfinite(t["lo"]) else None, t["hi"] if np.isfinite(t["hi"]) else None, cfg.get("profile"),
+            f"least-squares t interval over {t['n_depths']} points"
+            + (f"; undecided: {theta_open}" if theta_open else ""), converged=not theta_open)]}
+
+
 def verdict_table(source) -> pd.DataFrame:
     """:func:`verdict_rows` as the notebook shows it: indexed by claim; prediction, would contradict, measured,
     status."""
