@@ -1,4 +1,4 @@
-"""The generated answers of chapters 1, 2 and 4 (scaling.views.answer, probes.views.answer, tracing.views.answer) on
+"""The generated answers of chapters 1, 2, 4 and 7 (scaling, probes, tracing and compose views.answer) on
 verdict rows whose statuses are known by construction: the numbers they quote are the verdict table's, and their
 first words follow the status."""
 from __future__ import annotations
@@ -49,3 +49,22 @@ def test_chapter4_answer_quotes_the_crossover_and_the_one_block_step(monkeypatch
     assert text.startswith("**Yes in outline, not at the paper's depth.**")               # 0.6 outside both
     assert "averaged over 30 facts" in text and "a 0.67 [0.64, 0.69]" in text
     assert "a: 0.02 → 0.92" in text and "b: 0.40" not in text                                # b's step is 0.2 < 0.5
+
+
+def test_chapter7_answer_says_why_each_row_is_undecided():
+    from depthlib.compose import views
+
+    def row(key, *ms):
+        return verdict.Row(CLAIMS[key], [verdict.Measurement(m, v, lo, hi, "cpu", note, converged=ok)
+                                         for m, v, lo, hi, note, ok in ms])
+    open_ = [row("hierarchical", ("untied (excess)", 1.48, 1.32, 1.64, "95 % t interval; members not certified",
+                                  False)),
+             row("looped_text", ("looped (text)", float("nan"), None, None, "no exponent: loss does not fall with "
+                                 "depth", False))]
+    text = views.answer(open_)
+    assert text.startswith("**Undecided at this scale.**") and "untied (excess) 1.48 [1.32, 1.64]" in text
+    assert "**undecided** because members not certified" in text and "because no exponent" in text
+    assert "--part hierarchy" in text                                   # what would decide it
+    done = views.answer([row("hierarchical", ("untied", 1.1, 0.9, 1.3, "certified", True))])
+    assert done.startswith("**Decided.**") and "**holds**" in done and "--part hierarchy" not in done
+    assert views.answer([]).startswith("**Not tested here")

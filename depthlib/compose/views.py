@@ -652,3 +652,40 @@ text needs members trained to their floor: many more steps and tokens per member
 `paper` profile's text part). The text run took {xinfo['wall_time_s'] / 60:.0f} min of wall time, two members at a time
 on a machine shared with other runs.
 """
+
+
+# ---- the chapter's answer ------------------------------------------------------------------------------------
+#: chapter 7's verdict rows, in the order the answer takes them, with what each one asks
+ANSWER_ROWS = {"hierarchical": "a hierarchical target (untied blocks on the random hierarchy model)",
+               "looped": "reusing depth on that target (a looped core, or one tied block)",
+               "looped_text": "reusing depth on chapter 6's text"}
+
+
+def answer(rows) -> str:
+    """Chapter 7's answer (Markdown) from its verdict rows (:func:`depthlib.verdict.verdict`, chapter 7): for each of
+    :data:`ANSWER_ROWS`, its exponents as the verdict table prints them (:func:`depthlib.verdict.numbers`), its status
+    and, where it is undecided, why (the measurements' own notes: members not certified, no exponent); then what
+    would decide it. The first words say how many rows decide anything."""
+    from depthlib import verdict
+    by = {r.claim.key: r for r in rows}
+    shown = [(key, by[key]) for key in ANSWER_ROWS if key in by and by[key].measurements]
+    if not shown:
+        return "**Not tested here:** no run of this chapter's profile is available."
+    decided = [r for _, r in shown if r.status not in ("undecided", "not tested here")]
+    lead = ("Undecided at this scale" if not decided else
+            "Decided" if len(decided) == len(shown) else f"Partly decided ({len(decided)} of {len(shown)} claims)")
+    parts = [f"**{lead}.**"]
+    for key, row in shown:
+        numbers = "; ".join(f"{model} {number}" for model, number in verdict.numbers(row).items())
+        why = ""
+        if row.status == "undecided":
+            notes = [m.note.split("; ")[-1] for m in row.measurements if not m.converged or m.lo is None]
+            why = " because " + "; ".join(dict.fromkeys(n for n in notes if n)) if any(notes) else ""
+        parts.append(f"For {ANSWER_ROWS[key]}, α_ℓ over effective depth is {numbers} (the claim: below 2) — "
+                     f"**{row.status}**{why}.")
+    if len(decided) < len(shown):
+        parts.append("An exponent decides only when its members are certified by chapter 3's continuation rule (a "
+                     "re-warmed continuation gains less than 2 %); the certified parts of this chapter (`depthlib "
+                     "compose --part hierarchy`: an unseen, deeper grammar; `--part text_certified`: chapter 6's "
+                     "certified budget) are what would decide these rows.")
+    return " ".join(parts)
