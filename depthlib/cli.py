@@ -549,12 +549,13 @@ def _cmd_probes(args) -> dict[str, Any]:
     if lens_tokens < 0:
         raise InputError(f"--lens-tokens must be >= 0 (0: all tokens), got {lens_tokens}")
     from depthlib import validate
+    from depthlib.models import checks
     from depthlib.probes import chapter
     if args.corpus not in ("sotu", "fineweb"):
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)
     validate.int_in_range("--docs", args.docs, 1)
-    validate.model_files("--model", args.model)
+    checks.model_files("--model", args.model)
     executor = _executor_config(args)
     _check_token_sample(args, cfg)
     run = chapter.compute(args.model, args.corpus, args.docs, cfg, executor=executor, shards=args.shards,
@@ -643,6 +644,7 @@ def _tracing_check(args, settings, parts) -> None:
     """``depthlib tracing --profile P``: the chapter's run of P (its prompts, fact set and settings; ``--model`` adds
     a model), checked before any model is traced."""
     from depthlib import validate
+    from depthlib.models import checks
     given = [f"--{k}" for k in ("prompt", "subject", "target", *_TRACE_DEFAULTS, "window")
              if getattr(args, k) is not None] + (["--force"] if args.force else [])
     if given:
@@ -651,7 +653,7 @@ def _tracing_check(args, settings, parts) -> None:
     validate.resolve_device(args.device)
     if args.model:
         validate.accessible("--model", args.model)
-        validate.model_files("--model", args.model)     # before any model is traced (hours on the paper profile)
+        checks.model_files("--model", args.model)     # before any model is traced (hours on the paper profile)
 
 
 def _tracing_runs_kwargs(args) -> dict[str, Any]:
@@ -671,6 +673,7 @@ def _cmd_tracing(args) -> dict[str, Any]:
         raise InputError(f"tracing needs {', '.join(missing)} (or --profile for the chapter's whole run)")
     _executor_config(args)                   # a single trace runs here: flags of another executor are refused
     from depthlib import tracing, validate
+    from depthlib.models import checks
     from depthlib.tracing import chapter
     validate.int_in_range("--samples", args.samples, 1, chapter.MAX_SAMPLES)   # why this cap: chapter.MAX_SAMPLES
     if args.window is not None and args.window < 1:
@@ -679,7 +682,7 @@ def _cmd_tracing(args) -> dict[str, Any]:
     validate.resolve_device(args.device)   # before loading the model: 'tpu' or absent CUDA is one line
     if args.noise not in tracing.NOISE_PRESETS:
         tracing.noise_sigma(None, None, args.noise)  # validates a number before loading the model
-    validate.model_files("--model", args.model)
+    checks.model_files("--model", args.model)
     config = tracing.TraceConfig(samples=args.samples, noise=args.noise, window=args.window, seed=args.seed)
     return chapter.trace_one(args.model, args.prompt, args.subject, args.target, kind=args.kind, config=config,
                              dtype=args.dtype, device=args.device, progress=sys.stderr.isatty())
@@ -709,6 +712,7 @@ def _cmd_interventions(args) -> dict[str, Any]:
     """``depthlib interventions --model M ...``: plans of the flags' choosing on one model."""
     from depthlib import interventions, validate
     from depthlib.interventions import chapter
+    from depthlib.models import checks
     if args.model is None:
         raise InputError("interventions needs --model (or --profile for the chapter's runs)")
     _fill(args, corpus="sotu", docs=8, rank_docs=8, max_length=256, batch_size=4)
@@ -716,7 +720,7 @@ def _cmd_interventions(args) -> dict[str, Any]:
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)
     validate.int_in_range("--docs", args.docs, 1)
-    validate.model_files("--model", args.model)
+    checks.model_files("--model", args.model)
     validate.int_in_range("--max-length", args.max_length, 2)
     score_last = min(128, args.max_length - 1) if args.score_last is None else args.score_last
     cfg = interventions.InterventionConfig(max_length=args.max_length, score_last=score_last,

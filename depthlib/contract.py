@@ -72,7 +72,7 @@ def from_dict(cls: type[T], data: dict, *, extra: str = "ignore") -> T:
 
 def to_dict(obj: Any) -> dict:
     """A dataclass as plain JSON types (tuples become lists), as a run's config reads back."""
-    from depthlib.results import normalise
+    from depthlib.store import normalise
     return normalise(dataclasses.asdict(obj))
 
 

@@ -44,12 +44,13 @@ def _module_digest(module: str) -> str:
 #: one-process run bit for bit) and ``depthlib.plots.*`` (figures drawn from the tables) are glue by their role.
 #: ``depthlib.finite`` checks numbers a run produced (it stops a run, or nulls a value with a warning, where one is
 #: not finite) and never changes a finite one: a validator, as ``depthlib.validate``. ``depthlib.inputs`` decides which
-#: run a key finds (what a model and a corpus are), never a run's numbers.
+#: run a key finds (what a model and a corpus are), never a run's numbers; ``depthlib.models.checks`` refuses a model
+#: argument before anything loads: a validator too.
 GLUE_MODULES = frozenset({
     "depthlib", "depthlib.errors", "depthlib.results", "depthlib.executors", "depthlib.paths", "depthlib.validate",
     "depthlib.finite", "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract",
     "depthlib.plots", "depthlib.inputs", "depthlib.store", "depthlib.lifecycle", "depthlib.selection",
-    "depthlib.fingerprints", "depthlib.purity",
+    "depthlib.fingerprints", "depthlib.purity", "depthlib.models.checks",
 })
 GLUE_SUFFIXES = (".chapter", ".shards")
 

@@ -13,6 +13,7 @@ import pytest
 
 from depthlib import validate
 from depthlib.cli import main
+from depthlib.models import checks
 from tests import tiny
 from tests.test_reliability import _one_line
 
@@ -153,7 +154,7 @@ def test_a_partial_path_that_exists_is_a_path_not_a_hub_id(tmp_path, cache, caps
     (tmp_path / "models").mkdir()
     line = _fails(capsys, ["probes", "--model", "models/tiny-llama"])
     assert f"no model folder at {tmp_path / 'models' / 'tiny-llama'}" in line, line
-    validate.model_files("--model", "EleutherAI/pythia-410m")   # a hub id whose namespace is no folder here
+    checks.model_files("--model", "EleutherAI/pythia-410m")   # a hub id whose namespace is no folder here
 
 
 def test_every_model_of_a_tracing_run_is_checked_before_the_first_trace(cache, monkeypatch):

@@ -460,7 +460,7 @@ def test_sharded_chapter_run_equals_one_process(tok, tmp_path, monkeypatch, kind
     import pandas as pd
 
     from depthlib import executors
-    from depthlib.tracing import chapter, shards
+    from depthlib.tracing import chapter
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", str(tmp_path / "committed"))
     name = _knowing_model(tok, tmp_path / "tiny")
@@ -476,8 +476,8 @@ def test_sharded_chapter_run_equals_one_process(tok, tmp_path, monkeypatch, kind
     from depthlib.tracing.facts import safe_name
     assert len(tables[f"facts_{safe_name(name)}"]["fact_id"].unique()) == 2         # the two known: two slices
     shutil.rmtree(one.path)
-    merged = shards.run_sharded("smoke", executors.ExecutorConfig(kind, jobs=2, threads=1, cluster=cluster),
-                                fact_shards=2)
+    merged = chapter.run_sharded("smoke", executors.ExecutorConfig(kind, jobs=2, threads=1, cluster=cluster),
+                                 fact_shards=2)
     assert merged.path == one.path and merged.manifest["executor"] == kind and len(merged.manifest["shards"]) == 3
     assert sorted(merged.tables()) == sorted(tables)
     for t, table in tables.items():

@@ -15,7 +15,7 @@ intervals over replicates unless a row says otherwise.
   whatever its interval (the book's rule for chapters 3, 6 and 7): every row about an exponent or a change in slope
   is undecided unless every member it is fitted on is certified (:mod:`depthlib.compose.certify`), and says how far
   the number moved over the last round of continuations beside it. The exponent rows use the book's region for
-  chapter 7 (:data:`depthlib.verdict.CLAIMS`, ``hierarchical`` and ``looped``: α_ℓ < 2, half-way between ensemble
+  chapter 7 (:data:`depthlib.claims.CLAIMS`, ``hierarchical`` and ``looped``: α_ℓ < 2, half-way between ensemble
   averaging's 1 and a smooth flow's 3).
 
 The rows that need no certificate: the held-out set is unseen (an exact count), local statistics do not solve the
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from depthlib import verdict
+from depthlib import claims
 from depthlib.compose.analysis import mean_interval
 
 __all__ = ["BREAK_MARGIN", "FAR_BELOW", "STATUSES", "answer", "baseline_table", "certification_table",
@@ -40,7 +40,7 @@ STATUSES = ("holds", "contradicted", "undecided")
 FAR_BELOW = 2.0
 #: a change in slope whose intervals both lie inside ±this is "no threshold" (half of ensemble averaging's α = 1)
 BREAK_MARGIN = 0.5
-_CLAIMS = {c.key: c for c in verdict.CLAIMS}
+_CLAIMS = {c.key: c for c in claims.CLAIMS}
 #: the quantity each task's exponent rows read (the certified one: excess for the next leaf, error for the root)
 TASK_QUANTITY = {"leaf": "leaf excess", "root": "root error"}
 _UNITS = {"leaf excess": "nats/leaf", "root cross-entropy": "nats/sequence", "root error": "fraction"}
@@ -397,7 +397,7 @@ def _exponent_row(source, key: str, claim_key: str, task: str, families: tuple[s
         elif not bool(r["shown"]):
             statuses.append(("undecided", f"{family}: not shown ({r['why_not']})"))
         else:
-            st, why = verdict.region_status(claim, float(r["alpha"]), float(r["lo"]), float(r["hi"]))
+            st, why = claims.region_status(claim, float(r["alpha"]), float(r["lo"]), float(r["hi"]))
             statuses.append((st, f"{family}: {why}"))
     # several families: the weakest status wins, as in the book's verdict (contradicted, then undecided, then holds)
     found = {st for st, _ in statuses}

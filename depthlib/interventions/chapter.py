@@ -128,10 +128,10 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 32, config: Interven
     ``model="toy"`` edits the converged toy students of ``config`` (a :class:`ToyInterventionConfig`) instead."""
     if model == "toy":
         return run_toy_interventions(config, profile=profile, progress=progress, force=force)
-    from depthlib import validate
+    from depthlib.models import checks
     cfg = (config or InterventionConfig()).validate()
-    validate.within_position_limit(model, cfg.max_length)      # before a run is opened (a --force deletes it)
-    validate.enough_documents(corpus, n_docs, first=cfg.rank_docs)
+    checks.within_position_limit(model, cfg.max_length)      # before a run is opened (a --force deletes it)
+    checks.enough_documents(corpus, n_docs, first=cfg.rank_docs)
     return run_interventions(model, corpus, n_docs, config, plans=plans, profile=profile, progress=progress,
                              force=force)
 

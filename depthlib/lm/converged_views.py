@@ -8,7 +8,7 @@ tested on tables with known answers. Units: losses in nats per token, angles in 
 **The verdict rows** (:func:`verdict_rows`) decide each claim by a rule stated in its row, with three statuses:
 
 * ``holds`` — the measurement is what the claim predicts (for an exponent: its 95 % interval lies inside the region of
-  the book's verdict, :data:`depthlib.verdict.CLAIMS`: α_ℓ < 2, half-way between ensemble averaging's 1 and procedural
+  the book's verdict, :data:`depthlib.claims.CLAIMS`: α_ℓ < 2, half-way between ensemble averaging's 1 and procedural
   assembly's 3; α_θ within 0.5 of 1);
 * ``contradicted`` — the measurement is what would contradict it (for an exponent: its interval lies wholly outside
   the region);
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from depthlib import verdict
+from depthlib import claims
 from depthlib.lm import fit
 
 __all__ = ["ALPHA_CLAIM", "MIN_ANGLE_DEPTHS", "STATUSES", "THETA_CLAIM", "alpha_theta", "angle_points", "answer",
@@ -35,7 +35,7 @@ __all__ = ["ALPHA_CLAIM", "MIN_ANGLE_DEPTHS", "STATUSES", "THETA_CLAIM", "alpha_
 STATUSES = ("holds", "contradicted", "undecided")
 #: α_θ is a result only from at least this many depths with middle blocks (ℓ ≥ 4)
 MIN_ANGLE_DEPTHS = 5
-_CLAIMS = {c.key: c for c in verdict.CLAIMS}
+_CLAIMS = {c.key: c for c in claims.CLAIMS}
 #: the book's region and paper value for α_ℓ of a depth series (α_ℓ < 2) and for α_θ (within 0.5 of 1)
 ALPHA_CLAIM, THETA_CLAIM = _CLAIMS["series_alpha"], _CLAIMS["angle_depth"]
 
@@ -159,7 +159,7 @@ def alpha_theta(source) -> dict:
     the points stray from a power law) and the bootstrap interval over held-out text (``boot_lo``, ``boot_hi``)."""
     a = _fit(source, "alpha_theta")
     n = int(a["n_depths"]) if np.isfinite(a["n_depths"]) else 0
-    lo, hi = verdict.t_interval(float(a["value"]), float(a["se"]), n - 2)
+    lo, hi = claims.t_interval(float(a["value"]), float(a["se"]), n - 2)
     return {"value": float(a["value"]), "n_depths": n, "se": float(a["se"]), "lo": lo, "hi": hi,
             "boot_lo": float(a["lo"]), "boot_hi": float(a["hi"])}
 
@@ -383,7 +383,7 @@ def _alpha_row(source) -> dict:
     elif not defined_exponent(float(a["value"])) or bool(point["at_bound"]):
         status, reason = "undecided", "the fit is undefined or at a bound of the searched range α ∈ [0.02, 8]"
     else:
-        status, reason = verdict.region_status(ALPHA_CLAIM, float(a["value"]), float(a["lo"]), float(a["hi"]))
+        status, reason = claims.region_status(ALPHA_CLAIM, float(a["value"]), float(a["lo"]), float(a["hi"]))
     if not every:
         measured += "; not every member is certified, so these are not converged losses"
     return _row("alpha", "A depth series trained until α_ℓ stops moving: α_ℓ ≈ 1", f"{ALPHA_CLAIM.region_text} "
@@ -404,7 +404,7 @@ def _sensitivity_row(source) -> dict:
                                            if s["n_undefined"] else "")
     gate = _gating(source)
     statuses = [("undecided", f"without ℓ = {int(r.left_out)}: the fit is undefined or at a search bound")
-                if not defined_exponent(float(r.alpha)) else verdict.region_status(ALPHA_CLAIM, r.alpha, r.lo, r.hi)
+                if not defined_exponent(float(r.alpha)) else claims.region_status(ALPHA_CLAIM, r.alpha, r.lo, r.hi)
                 for r in drops.itertuples()]
     if gate:
         status, reason = "undecided", gate
@@ -456,7 +456,7 @@ def _theta_row(source) -> dict:
     elif open_:
         status, reason = "undecided", f"{open_} of {len(m)} members are not certified (probes of unconverged models)"
     else:
-        status, reason = verdict.region_status(THETA_CLAIM, t["value"], t["lo"], t["hi"])
+        status, reason = claims.region_status(THETA_CLAIM, t["value"], t["lo"], t["hi"])
     return _row("alpha_theta", THETA_CLAIM.claim, f"{THETA_CLAIM.region_text.split(' (')[0]} (paper: "
                 f"{THETA_CLAIM.paper_text})", "a 95 % t interval wholly outside [0.5, 1.5]", measured, status,
                 reason)
@@ -475,7 +475,7 @@ def verdict_rows(source) -> pd.DataFrame:
 
 def measurements(source) -> dict[str, list]:
     """The book's verdict rows ``series_alpha`` and ``angle_depth`` from the converged series: α_ℓ fitted to every
-    member's best stage and α_θ with its t interval, each a :class:`depthlib.verdict.Measurement` that decides only
+    member's best stage and α_θ with its t interval, each a :class:`depthlib.claims.Measurement` that decides only
     where this chapter's own rows do (``usable``: the α_ℓ row and its drop-one sensitivity, or the α_θ row, are not
     "undecided" — the stopping rule, every member certified, no fit at a search bound, five depths with middle
     blocks); otherwise the note says why not."""
@@ -490,12 +490,12 @@ def measurements(source) -> dict[str, list]:
 
     alpha_open, theta_open = why("alpha", "alpha_sensitivity"), why("alpha_theta")
     return {
-        "series_alpha": [verdict.Measurement(
+        "series_alpha": [claims.Measurement(
             f"converged series ℓ = {depths}, {seeds} seeds", float(a["value"]), float(a["lo"]), float(a["hi"]),
             cfg.get("profile"), "95 % paired bootstrap over held-out documents and seeds; each member's best stage"
             + (f"; undecided: {alpha_open}" if alpha_open else "; every member certified"),
             converged=not alpha_open)],
-        "angle_depth": [verdict.Measurement(
+        "angle_depth": [claims.Measurement(
             f"converged series, {t['n_depths']} depths with middle blocks", t["value"],
             t["lo"] if np.isfinite(t["lo"]) else None, t["hi"] if np.isfinite(t["hi"]) else None, cfg.get("profile"),
             f"least-squares t interval over {t['n_depths']} points"

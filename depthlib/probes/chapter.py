@@ -175,12 +175,13 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeCon
     (:func:`depthlib.probes.run_probe`) or, with an :class:`~depthlib.executors.ExecutorConfig` other than serial,
     as ``shards`` document shards (default: its number of jobs) merged into the same run."""
     from depthlib import paths, validate
+    from depthlib.models import checks
     from depthlib.probes import SHARD_EXPERIMENT, open_probe_run, run_probe
     cfg = (config or ProbeConfig()).validate()
 
     def check() -> None:                     # before a run is opened (a --force deletes it) or a model is loaded
-        validate.within_position_limit(model, cfg.max_length)
-        validate.enough_documents(corpus, n_docs)
+        checks.within_position_limit(model, cfg.max_length)
+        checks.enough_documents(corpus, n_docs)
     if executor is None or executor.kind == "serial":
         check()
         folder = open_probe_run(model, corpus, n_docs, cfg).path

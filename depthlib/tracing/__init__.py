@@ -12,8 +12,8 @@ how much that state carries the fact. One concept per module:
                                      the naive reference :func:`naive_grid`, :func:`trace_facts`
 - :mod:`~depthlib.tracing.facts`     our fact set (package data ``facts/``): load, save, check, build
 - :mod:`~depthlib.tracing.analysis`  fact-set averages, the two functional groups, prompt peaks, closing note
-- :mod:`~depthlib.tracing.chapter`   the chapter contract: PROFILES, the run it shows (:func:`runs`), replay
-- :mod:`~depthlib.tracing.shards`    the same run as jobs of an executor (prompts per model, then fact slices)
+- :mod:`~depthlib.tracing.chapter`   the chapter contract: PROFILES, the run it shows (:func:`runs`), replay; the
+                                     same run as jobs of an executor (prompts per model, then fact slices)
 
 Model plumbing (architecture table, loading, hooks) is in :mod:`depthlib.models`.
 """
