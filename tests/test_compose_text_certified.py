@@ -173,3 +173,23 @@ def test_figures_draw_the_smoke_run_without_problems(smoke_run):
     e = v.exponent_table(smoke_run).assign(shown=True).dropna(subset=["alpha"])
     alphas = figs.text_certified_alphas(e)
     assert not plots.figure_problems(alphas) and list(alphas.data[0].x) == list(e["alpha"])
+
+
+def test_a_committed_chapter_6_run_is_extended_not_retrained(roots):
+    """On a fresh checkout the part reads chapter 6's committed converged run (its tables and tokenizer digest) and
+    trains only its own families: no chapter 6 member is trained again, and the run records which run it extended."""
+    import shutil
+
+    from depthlib import results
+    from depthlib.compose import text_certified
+    from depthlib.lm import converged
+    committed_root, local_root = roots
+    cfg = chapter.PROFILES["smoke"].text_certified
+    six = converged.run_converged(cfg.series, progress=False)
+    kept = results.commit_run(six)
+    shutil.rmtree(local_root / converged.EXPERIMENT)
+    assert text_certified.series_run(cfg).path == kept                   # found, not computed
+    run = chapter.compute(cfg, jobs=1, progress=False)
+    assert not (local_root / converged.EXPERIMENT).exists()             # chapter 6 was not trained again
+    assert run.manifest["series_run"] == f"{converged.EXPERIMENT}/{kept.name}"
+    assert run.manifest["train_tokens"] == results.Run.load(kept).manifest["train_tokens"]

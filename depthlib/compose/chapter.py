@@ -502,7 +502,7 @@ def replay_text_certified(run: results.Run) -> pd.DataFrame:
     cfg = TextCertifiedConfig.from_dict(run.config)
     family, depth, seed = cfg.units()[0]
     first = min(cfg.series.train.eval_every, cfg.series.train.steps)
-    tok, data, _, _ = lm_series.prepare_data(cfg.series.series(), text_certified._series_store(cfg))
+    tok, data, _, _ = lm_series.prepare_data(cfg.series.series())     # the tokenizer trained again: the same one
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -105,10 +105,30 @@ class TextCertifiedConfig(Profile):
                       key=lambda u: (-u[1], u[0], u[2]))
 
 
-def _series_store(cfg: TextCertifiedConfig) -> results.Run:
-    """The units folder of chapter 6's converged run of ``cfg.series`` (its tokenizer lives there)."""
-    run = results.open_run(converged.EXPERIMENT, cfg.series.to_dict())
-    return results.Run(converged.EXPERIMENT, run.config, run.path / converged.UNITS)
+def series_run(cfg: TextCertifiedConfig, device: str = "cpu", progress: bool = True) -> results.Run:
+    """Chapter 6's converged run of ``cfg.series``, which this part extends: a complete, fresh run of exactly these
+    settings, committed or in the local cache (committed first), else trained now as that chapter's run. Only its
+    tables are read (its untied members, its tokenizer's digest), so a committed run does: a fresh checkout does not
+    retrain chapter 6 to compute this part."""
+    want = results.normalise(cfg.series.to_dict())
+    found = next((r for r in results.find_runs(converged.EXPERIMENT) if r.config == want and not r.stale), None)
+    return found if found is not None else converged.run_converged(cfg.series, device, progress=progress)
+
+
+def shared_data(cfg: TextCertifiedConfig, store: results.Run, chapter6: results.Run | None = None):
+    """(tokenizer, token data, held-out documents, probe pieces) of chapter 6's series, the tokenizer kept in this
+    part's ``store`` (trained once, before any member; BPE training on the same documents gives the same one). Given
+    chapter 6's run ``chapter6``, the data must match what it records — the vocabulary size and the number of training
+    tokens — or the families would not share the untied members' data: InputError. (Its ``tokenizer`` digest is not
+    compared: it is taken after the probes have set the tokenizer's padding, which changes the serialised form.)"""
+    tok, data, held, pieces = series.prepare_data(cfg.series.series(), store)
+    if chapter6 is not None:
+        ours = {"vocab_size": len(tok), "train_tokens": int(data.train_tokens)}
+        theirs = {k: chapter6.manifest.get(k) for k in ours}
+        if any(theirs[k] is not None and int(theirs[k]) != v for k, v in ours.items()):
+            raise InputError(f"the data prepared here ({ours}) is not chapter 6's converged run's ({theirs}): the "
+                             "families would not share the untied members' data")
+    return tok, data, held, pieces
 
 
 def member_unit(config: dict, family: str, depth: int, seed: int, store_path: str, device: str = "cpu") -> str:
@@ -120,7 +140,7 @@ def member_unit(config: dict, family: str, depth: int, seed: int, store_path: st
     name = converged.unit_name(depth, seed, family)
     if store.has(f"{name}_member"):
         return name
-    tok, data, _, pieces = series.prepare_data(cfg.series.series(), _series_store(cfg))
+    tok, data, _, pieces = shared_data(cfg, store)
     tables = converged.train_member(cfg.series, depth, seed, tok, data, pieces, device, store, family=family,
                                     blocks=tuple(schedule(family, depth)[1]))
     tables.pop("_model")
@@ -129,12 +149,12 @@ def member_unit(config: dict, family: str, depth: int, seed: int, store_path: st
     return name
 
 
-def _untied(series_run: results.Run, cfg: TextCertifiedConfig) -> dict[str, pd.DataFrame]:
+def _untied(chapter6: results.Run, cfg: TextCertifiedConfig) -> dict[str, pd.DataFrame]:
     """The untied family: chapter 6's members at this part's depths and seeds, with its tables' columns."""
     keep = lambda t: t[t["depth"].isin(cfg.depths) & t["seed"].isin(cfg.seeds)].assign(family="untied")  # noqa: E731
-    return {"curve": keep(series_run.table("curves")), "docs": keep(series_run.table("doc_losses")),
-            "stages": keep(series_run.table("stages")), "probe_summary": keep(series_run.table("probe_summary")),
-            "member": keep(series_run.table("members"))}
+    return {"curve": keep(chapter6.table("curves")), "docs": keep(chapter6.table("doc_losses")),
+            "stages": keep(chapter6.table("stages")), "probe_summary": keep(chapter6.table("probe_summary")),
+            "member": keep(chapter6.table("members"))}
 
 
 def _summary(boot: pd.DataFrame, n: int) -> dict:
@@ -174,9 +194,9 @@ def fits(cfg: TextCertifiedConfig, final_docs: pd.DataFrame) -> dict[str, pd.Dat
             "sensitivity": pd.concat(sens, ignore_index=True) if sens else pd.DataFrame()}
 
 
-def combine(cfg: TextCertifiedConfig, store: results.Run, series_run: results.Run) -> dict[str, pd.DataFrame]:
+def combine(cfg: TextCertifiedConfig, store: results.Run, chapter6: results.Run) -> dict[str, pd.DataFrame]:
     """The run's tables from its members' tables and chapter 6's untied members."""
-    untied = _untied(series_run, cfg)
+    untied = _untied(chapter6, cfg)
     merged = {t: pd.concat([untied[t], *(store.table(f"{converged.unit_name(d, s, f)}_{t}")
                                          for f, d, s in sorted(cfg.units()))], ignore_index=True)
               for t in MEMBER_TABLES}
@@ -212,7 +232,7 @@ def run_text_certified(cfg: TextCertifiedConfig, device: str = "cpu", *, jobs: i
 
     cfg.validate()
     int_in_range("jobs", jobs, 1, 256)
-    series_run = converged.run_converged(cfg.series, device, progress=progress)
+    chapter6 = series_run(cfg, device, progress)
     with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile,
                            code=(f"{__name__}:run_text_certified",), seed=int(cfg.seeds[0]), device=device,
                            force=force, saves="every finished stage of every member is kept in {folder}/units",
@@ -221,7 +241,7 @@ def run_text_certified(cfg: TextCertifiedConfig, device: str = "cpu", *, jobs: i
             return job.run
         run = job.run
         store = results.Run(EXPERIMENT, run.config, run.path / UNITS)
-        store.path.mkdir(parents=True, exist_ok=True)
+        tok, data, _, _ = shared_data(cfg, store, chapter6)          # the tokenizer, once, before any member
         todo = [u for u in cfg.units() if not store.has(f"{converged.unit_name(u[1], u[2], u[0])}_member")]
         bar = tqdm(total=len(todo), unit="member", desc=f"{EXPERIMENT} {cfg.profile}", disable=not progress,
                    file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 30)
@@ -237,12 +257,11 @@ def run_text_certified(cfg: TextCertifiedConfig, device: str = "cpu", *, jobs: i
             job.save_progress()
             bar.update()
         bar.close()
-        tables = combine(cfg, store, series_run)
+        tables = combine(cfg, store, chapter6)
         for name, table in tables.items():
             run.write_table(name, table)
-        tok, data, _, _ = series.prepare_data(cfg.series.series(), _series_store(cfg))
         m = tables["members"]
-        job.record(series_run=f"{series_run.experiment}/{series_run.key}", tokenizer=tokenizer_digest(tok),
+        job.record(series_run=f"{chapter6.experiment}/{chapter6.key}", tokenizer=tokenizer_digest(tok),
                    train_tokens=int(data.train_tokens), held_out_documents=list(data.val_ids),
                    train_seconds=float(m.loc[m["family"] != "untied", "train_seconds"].sum()),
                    summary=summary(tables, cfg))
