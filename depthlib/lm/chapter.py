@@ -30,8 +30,8 @@ COMPUTE = {EXPERIMENT: "depthlib.lm.series:run_series",
            CONVERGED_EXPERIMENT: "depthlib.lm.converged:run_converged"}
 #: The chapter's parts, in the order :func:`runs` returns them
 PARTS = ("series", "converged")
-#: The parts the chapter shows by default: ``converged`` joins them once its cpu run is committed (hours).
-SHOWN_PARTS = ("series",)
+#: The parts the chapter shows by default: the 2 M-token series and the converged series (its cpu run is committed).
+SHOWN_PARTS = ("series", "converged")
 
 __all__ = ["COMPUTE", "CONVERGED_EXPERIMENT", "CPU_TRAIN_FLOP_PER_S", "EXPERIMENT", "PARTS", "PROFILES",
            "SHOWN_PARTS", "LMProfile", "alpha_shown", "compute", "converged_config", "converged_run", "labelled",
