@@ -325,9 +325,9 @@ def test_replay_and_summary_of_a_converged_run(tiny_run):
 
 
 # ---- the chapter: a part that is not shown yet, its code, bad settings ----------------------------------------
-def test_the_converged_part_is_registered_but_not_shown_by_default():
+def test_the_converged_part_is_registered_and_shown():
     from depthlib.chapters import by_name, chapter_of, compute_entry, former_names
-    assert chapter.PARTS == ("series", "converged") and chapter.SHOWN_PARTS == ("series",)
+    assert chapter.PARTS == ("series", "converged") and chapter.SHOWN_PARTS == ("series", "converged")
     assert chapter_of("lm-converged") is by_name("lm") and former_names("lm") == ("lm-depth",)
     assert compute_entry("lm-converged") == "depthlib.lm.converged:run_converged"
     mods = set(results.compute_modules(compute_entry("lm-converged")))

@@ -47,9 +47,9 @@ def _one_line(err: str) -> str:
 
 # ---- 4: a fit at a search bound is not an exponent ---------------------------------------------------------
 def test_lm_json_prints_no_exponent_at_the_search_bound(cache, capsys):
-    """`depthlib lm --json` (smoke): four depths whose loss is flat beyond ℓ = 1, so α_ℓ runs to the search bound 8
+    """`depthlib lm --part series --json` (smoke): four depths whose loss is flat beyond ℓ = 1, so α_ℓ runs to the search bound 8
     in every resample; the fit is printed as null with the reason, never as "value": 8.0."""
-    assert main(["lm", "--json"]) == 0
+    assert main(["lm", "--part", "series", "--json"]) == 0
     out = _json(capsys)
     fit = out["fit"]
     assert fit["share_undefined_or_at_bound"] == 1.0
