@@ -49,6 +49,7 @@ from depthlib.selection import (  # noqa: F401 - one namespace for the chapters
     chapter_run,
     check_profile,
     find_runs,
+    fresh_run,
     named_settings,
     profile_settings,
     roots,

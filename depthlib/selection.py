@@ -96,6 +96,13 @@ def find_runs(experiment: str, search: Iterable[Path] | None = None) -> list[Run
     return runs
 
 
+def fresh_run(experiment: str, config: dict, search: Iterable[Path] | None = None) -> Run | None:
+    """The complete run of exactly ``config`` computed by the current code (committed first, then local; ``search``:
+    other roots), or None: what a run that extends another one reads instead of computing it again."""
+    want = normalise(config)
+    return next((r for r in find_runs(experiment, search) if r.config == want and not r.stale), None)
+
+
 def select_run(experiment: str, profile: str, *, expected_config: Callable[[str], dict | None] | None = None,
                rerun: bool = False, include_custom: bool = False,
                search: Iterable[Path] | None = None) -> Run | None:

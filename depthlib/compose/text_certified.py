@@ -108,10 +108,9 @@ class TextCertifiedConfig(Profile):
 def series_run(cfg: TextCertifiedConfig, device: str = "cpu", progress: bool = True) -> results.Run:
     """Chapter 6's converged run of ``cfg.series``, which this part extends: a complete, fresh run of exactly these
     settings, committed or in the local cache (committed first), else trained now as that chapter's run. Only its
-    tables are read (its untied members, its tokenizer's digest), so a committed run does: a fresh checkout does not
-    retrain chapter 6 to compute this part."""
-    want = results.normalise(cfg.series.to_dict())
-    found = next((r for r in results.find_runs(converged.EXPERIMENT) if r.config == want and not r.stale), None)
+    tables and manifest are read (its untied members, its vocabulary and training tokens), so a committed run does:
+    a fresh checkout does not retrain chapter 6 to compute this part."""
+    found = results.fresh_run(converged.EXPERIMENT, cfg.series.to_dict())
     return found if found is not None else converged.run_converged(cfg.series, device, progress=progress)
 
 

@@ -511,11 +511,7 @@ def committed_unit(protocol: str, config: dict, cell: dict) -> results.Run | Non
     stretch, on a fresh machine, trains only the units that are not committed. The merge reads nothing but the
     units' tables; a committed unit has no weights, so what reuses them (chapters 5 and 7) retrains that unit."""
     root = paths.committed_results_dir()
-    if root is None or not (root / PROTOCOLS[protocol].units).is_dir():
-        return None
-    want = results.normalise({**config, "cell": cell})
-    return next((run for run in results.find_runs(PROTOCOLS[protocol].units, [root])
-                 if run.config == want and not run.stale), None)
+    return None if root is None else results.fresh_run(PROTOCOLS[protocol].units, {**config, "cell": cell}, [root])
 
 
 def train_protocol_unit(protocol: str, config: dict, cell: dict, device: str = "cpu", progress: bool = False,
