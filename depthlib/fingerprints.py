@@ -45,7 +45,7 @@ def _module_digest(module: str) -> str:
 #: ``depthlib.finite`` checks numbers a run produced (it stops a run, or nulls a value with a warning, where one is
 #: not finite) and never changes a finite one: a validator, as ``depthlib.validate``. ``depthlib.inputs`` decides which
 #: run a key finds (what a model and a corpus are), never a run's numbers; ``depthlib.models.checks`` refuses a model
-#: argument before anything loads: a validator too.
+#: or corpus argument before anything loads: a validator too.
 GLUE_MODULES = frozenset({
     "depthlib", "depthlib.errors", "depthlib.results", "depthlib.executors", "depthlib.paths", "depthlib.validate",
     "depthlib.finite", "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract",

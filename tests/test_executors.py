@@ -137,7 +137,7 @@ def test_sharded_probe_equals_one_pass(probe_setup, kind, cluster):
     import torch
 
     from depthlib import probes
-    from depthlib.probes import shards as probe_shards
+    from depthlib.probes import chapter as probe_shards
     model, corpus, cfg = probe_setup
     before = torch.get_num_threads()
     torch.set_num_threads(1)                                # like the shards: fp32 sums differ across thread counts
@@ -162,7 +162,7 @@ def test_sharded_probe_equals_one_pass(probe_setup, kind, cluster):
 
 
 def test_probe_shard_ranges_cover_the_documents_in_whole_batches():
-    from depthlib.probes.shards import shard_ranges
+    from depthlib.probes.chapter import shard_ranges
     assert shard_ranges(9, 3, 2) == [(0, 4), (4, 6), (6, 9)]          # 5 batches: 2, 1, 2
     assert shard_ranges(128, 2, 8) == [(0, 64), (64, 128)]
     assert shard_ranges(3, 8, 1) == [(0, 1), (1, 2), (2, 3)]

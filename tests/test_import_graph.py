@@ -1,8 +1,6 @@
 """depthlib's modules import one another without loops: every import counts, a function-level one too (a lazy
-import only hides a loop from the interpreter, not from a reader). One loop is known and kept: the ``probes``
-package re-exports its ``chapter`` module, which imports the package's run entry; untying it means moving
-``run_probe`` out of ``depthlib/probes/__init__.py``, which changes the code fingerprint of every committed probe run
-(they would have to be recomputed or re-stamped by a purity replay)."""
+import only hides a loop from the interpreter, not from a reader). A package's ``__init__`` only re-exports its
+modules, so importing the package never sends a module back to it."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +9,6 @@ from pathlib import Path
 import depthlib
 
 PACKAGE = Path(depthlib.__file__).parent
-KNOWN = [{"depthlib.probes", "depthlib.probes.chapter", "depthlib.probes.shards"}]
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -79,6 +76,6 @@ def test_the_loop_finder_finds_a_known_loop():
     assert loops({"a": {"b"}, "b": set()}) == []
 
 
-def test_depthlib_has_no_import_loops_but_the_known_one():
+def test_depthlib_has_no_import_loops():
     found = loops(import_graph())
-    assert all(comp in KNOWN for comp in found), f"import loops: {[sorted(c) for c in found if c not in KNOWN]}"
+    assert not found, f"import loops: {[sorted(c) for c in found]}"

@@ -147,7 +147,7 @@ def test_sharded_toy_sweep_wall_time_covers_its_shards(cache):
 
 def test_sharded_probe_wall_time_covers_its_shards(cache, tmp_path):
     from depthlib.probes import ProbeConfig
-    from depthlib.probes import shards as probe_shards
+    from depthlib.probes import chapter as probe_shards
     folder = tiny.save_model(tmp_path / "tiny-llama")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(tiny.TEXTS))

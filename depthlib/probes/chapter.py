@@ -1,29 +1,228 @@
-"""Chapter 2's glue: the profiles of the hidden-state probes, the runs the chapter shows, and their replay check.
+"""Chapter 2's glue: the cached probe run of one model, its sharding over documents, the profiles of the hidden-state
+probes, the runs the chapter shows, and their replay check.
 
 The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part per model, and one
 per weight-noise level of the sensitivity check, ``sensitivity ε=<ε>``), ``compute``, ``replay``, ``describe``,
-``summary`` and ``COMPUTE``; ``chapter_runs`` and ``sensitivity_runs`` are the two kinds of parts.
+``summary`` and ``COMPUTE``; ``chapter_runs`` and ``sensitivity_runs`` are the two kinds of parts. :func:`run_probe`
+is the cached entry point of one model's run; :func:`run_sharded` computes the same run as shards of documents.
+
+**Sharding.** A probe run can be computed as shards of documents: each shard probes a contiguous range of the
+corpus's documents as its own resumable run, and the shards merge into the run one pass would make, under the same
+cache key.
+
+Why the merge is exact: every random choice of the stream (which tokens the lenses score, which tokens the sample
+keeps) is keyed by (seed, document index, position) (:func:`depthlib.probes.stream.token_keys`), and a shard is
+given its documents' corpus indices (``doc_offset``). So
+
+* histograms and per-document rows are those of one pass, bit for bit;
+* per (metric, layer) counts, sums and sums of squares add up (means and standard deviations agree with one pass
+  to float round-off, ~1e-15 relative: the float64 sums are added in another order);
+* the token sample is the union's ``reservoir_size`` smallest sample keys, the sample one pass keeps.
+
+``tests/test_probes.py`` checks a sharded run against one pass with the serial, joblib and submitit executors.
 """
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from depthlib import results
+from depthlib import executors, finite, results
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
-from depthlib.probes import CODE, EXPERIMENT_PREFIX
-from depthlib.probes.stream import ProbeConfig, load_probed_model, probe_documents
+from depthlib.inputs import corpus_fingerprint, model_fingerprint, safe_name
+from depthlib.probes.stream import ProbeConfig, ProbeResult, load_probed_model, probe_documents, summarize
+from depthlib.validate import int_in_range
+
+EXPERIMENT_PREFIX = "probes-"
+#: the code a probe run's numbers depend on (its compute entries: chapter 2's ``COMPUTE``, the shards' code)
+CODE = ("depthlib.probes.stream:probe_documents", "depthlib.data:corpus")
+TABLES = ("layers", "histograms", "tokens", "docs")
+
+
+def experiment_name(model: str) -> str:
+    """Results-cache experiment of one model, e.g. 'probes-gemma-3-270m', 'probes-EleutherAI--pythia-410m'."""
+    return EXPERIMENT_PREFIX + safe_name(model)
+
+
+def probe_key(model: str, corpus: str, n_docs: int, config: ProbeConfig) -> dict:
+    """The results-cache config of a probe run (what decides its numbers): the settings, and what the model and
+    the corpus *are* (their fingerprints), so the same text naming other files never finds a stale run."""
+    key = dict(model=model, corpus=corpus, n_docs=int(n_docs), **asdict(config))
+    key.pop("device")  # the device changes speed, not the numbers (beyond bf16 noise) ...
+    key["dtype"] = str(config.torch_dtype).replace("torch.", "")  # ... but "auto" means bf16 on CUDA, fp32 on CPU
+    key["model_fingerprint"] = model_fingerprint(model)
+    key["corpus_fingerprint"] = corpus_fingerprint(corpus)
+    return key
+
+
+#: runs of document shards (:func:`run_sharded`) live apart from the runs a chapter shows
+SHARD_EXPERIMENT = "probe-shards"
+
+
+def open_probe_run(model: str, corpus: str, n_docs: int, config: ProbeConfig,
+                   doc_range: tuple[int, int] | None = None) -> results.Run:
+    """The cache entry of a probe run, or of the shard ``doc_range`` = (start, stop) of its documents."""
+    key = probe_key(model, corpus, n_docs, config)
+    if doc_range is None:
+        return results.open_run(experiment_name(model), key)
+    return results.open_run(SHARD_EXPERIMENT, {**key, "doc_range": [int(doc_range[0]), int(doc_range[1])]})
+
+
+def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeConfig | None = None, *,
+              profile: str = "custom", progress: bool = True, force: bool = False,
+              doc_range: tuple[int, int] | None = None) -> results.Run:
+    """Probe ``model`` on ``n_docs`` documents of ``corpus``; cached in the results cache.
+
+    Returns the :class:`depthlib.results.Run` (tables ``layers``, ``histograms``, ``tokens``, ``docs``
+    and a manifest with the summary). A finished run with the same settings is reused. With ``doc_range`` =
+    (start, stop), only documents start … stop−1 of the ``n_docs`` are probed (a shard, merged by
+    :func:`run_sharded`).
+    """
+    from depthlib import data
+    cfg = (config or ProbeConfig()).validate()
+    int_in_range("n_docs", n_docs, 1)
+    start, stop = doc_range if doc_range is not None else (0, n_docs)
+    if not 0 <= start < stop <= n_docs:
+        raise InputError(f"document range {start}..{stop} is not inside the {n_docs} documents")
+    run = open_probe_run(model, corpus, n_docs, cfg, doc_range)
+    with results.computing(run.experiment, run.config, profile=profile, code=CODE,
+                           seed=cfg.seed, device=cfg.device, force=force, tables=TABLES,
+                           checkpoints=("checkpoint.pt",)) as job:
+        if job.complete:
+            print(f"[depthlib] loaded a finished run from the cache: {job.run.path}", file=sys.stderr)
+            return job.run
+        docs = data.corpus(corpus, n_docs)[start:stop]
+        m, tok = load_probed_model(model, cfg)
+        finite.check_weights(m, model)
+        job.run.path.mkdir(parents=True, exist_ok=True)
+        with finite.guard(m, model, cfg.torch_dtype):   # NaN/inf activations stop the run (a float16 overflow, say)
+            res = probe_documents(m, tok, docs, cfg, progress=progress, model_name=model, doc_offset=start,
+                                  checkpoint=job.run.path / "checkpoint.pt")    # saves as it goes; a rerun resumes
+        for name in TABLES:
+            job.run.write_table(name, getattr(res, name))
+        job.record(summary=res.summary(), model=model, corpus=corpus)
+        (job.run.path / "checkpoint.pt").unlink(missing_ok=True)
+    return job.run
+
+
+def load_result(run: results.Run) -> ProbeResult:
+    """The tables of a finished run as a :class:`ProbeResult`."""
+    return ProbeResult(*(run.table(t) for t in TABLES), info=run.manifest.get("summary", {}))
+
+
+def depth_table(runs: dict[str, results.Run]) -> pd.DataFrame:
+    """One row per model: depth L, middle-layer mean angle, update angle, profile, corpus (Fig. 2d)."""
+    rows = []
+    for model, run in runs.items():
+        s = run.manifest.get("summary", {})
+        rows.append(dict(model=model, n_layers=s.get("n_layers"), d_model=s.get("d_model"),
+                         theta_middle_mean=s.get("theta_middle_mean"), theta_dh_mean=s.get("theta_dh_mean"),
+                         profile=run.manifest.get("profile"), corpus=run.manifest.get("corpus"),
+                         n_tokens=s.get("n_tokens")))
+    return pd.DataFrame(rows).sort_values("n_layers").reset_index(drop=True) if rows else pd.DataFrame(rows)
+
+
+def shard_ranges(n_docs: int, n_shards: int, batch_size: int = 1) -> list[tuple[int, int]]:
+    """``n_shards`` contiguous (start, stop) document ranges covering 0 … n_docs−1, as equal as whole batches allow."""
+    if n_shards < 1:
+        raise InputError(f"--shards must be >= 1, got {n_shards}")
+    batches = -(-n_docs // batch_size)
+    n_shards = min(n_shards, batches)
+    cuts = [round(i * batches / n_shards) * batch_size for i in range(n_shards + 1)]
+    return [(a, min(b, n_docs)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def probe_shard(model: str, corpus: str, n_docs: int, config: dict, start: int, stop: int) -> str:
+    """Probe (or resume, or load) documents start … stop−1; returns the shard's run folder (picklable for executors)."""
+    return str(run_probe(model, corpus, n_docs, ProbeConfig(**config), profile="shard", progress=False,
+                         doc_range=(start, stop)).path)
+
+
+def _merge_layers(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per (metric, layer) count, mean and std of the union from each part's count, mean and std."""
+    rows = []
+    keyed = [p.set_index(["metric", "layer"]) for p in parts]
+    for key in parts[0].set_index(["metric", "layer"]).index:
+        c = np.array([float(k.at[key, "count"]) for k in keyed])
+        mean = np.array([float(k.at[key, "mean"]) for k in keyed])
+        std = np.array([float(k.at[key, "std"]) for k in keyed])
+        some, several = c > 0, c > 1                       # an empty part has mean NaN, a single one std NaN
+        total = c.sum()
+        s = (mean[some] * c[some]).sum()                   # Σ x
+        q = (c[some] * mean[some] ** 2).sum() + (std[several] ** 2 * (c[several] - 1)).sum()   # Σ x²
+        m = s / total if total else np.nan
+        var = max(q / total - m ** 2, 0.0) * total / (total - 1) if total > 1 else np.nan
+        rows.append(dict(metric=key[0], layer=int(key[1]), mean=m, std=np.sqrt(var), count=int(total)))
+    return pd.DataFrame(rows)
+
+
+def _merge_histograms(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    out = parts[0].copy()
+    out["count"] = sum(p["count"].to_numpy() for p in parts)
+    return out
+
+
+def _merge_tokens(parts: list[pd.DataFrame], size: int) -> pd.DataFrame:
+    """The ``size`` smallest sample keys of the union (ties by document, then position), in document order."""
+    union = pd.concat(parts, ignore_index=True)
+    kept = union.sort_values(["sample_key", "doc_index", "position"], kind="stable").head(size)
+    return kept.sort_values(["doc_index", "position"]).reset_index(drop=True)
+
+
+def _computing(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, profile: str):
+    """The lifecycle (:func:`depthlib.results.computing`) of the one-pass run of ``model``: the merge is tested to
+    equal one pass, so it records the one pass's compute entries."""
+    return results.computing(experiment_name(model), probe_key(model, corpus, n_docs, cfg), profile=profile,
+                             seed=cfg.seed, code=CODE, device=cfg.device, tables=TABLES)
+
+
+def _write_merged(job: results.Computation, model: str, corpus: str, n_docs: int, cfg: ProbeConfig,
+                  shard_runs: list[results.Run], executor: str) -> None:
+    run = job.run
+    tables = {name: [r.table(name) for r in shard_runs] for name in TABLES}
+    layers = _merge_layers(tables["layers"])
+    run.write_table("layers", layers)
+    run.write_table("histograms", _merge_histograms(tables["histograms"]))
+    run.write_table("tokens", _merge_tokens(tables["tokens"], cfg.reservoir_size))
+    run.write_table("docs", pd.concat(tables["docs"], ignore_index=True))
+    info = [r.manifest["summary"] for r in shard_runs]
+    merged_info = {**{k: v for k, v in info[0].items() if not k.endswith("_by_layer") and not k.startswith("theta_")},
+                   "n_docs": sum(i["n_docs"] for i in info), "n_tokens": sum(i["n_tokens"] for i in info),
+                   "probe_seconds": round(sum(i["probe_seconds"] for i in info), 3)}
+    job.record(summary=summarize(layers, merged_info), model=model, corpus=corpus, executor=executor,
+               shards=[f"{r.experiment}/{r.key}" for r in shard_runs],
+               shard_wall_time_s=[r.manifest.get("wall_time_s") for r in shard_runs])
+
+
+def run_sharded(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, executor: executors.ExecutorConfig,
+                n_shards: int, *, profile: str = "custom") -> results.Run:
+    """Probe ``model`` as ``n_shards`` document shards with ``executor`` and merge them; a finished run is loaded.
+    A failed shard raises one :class:`InputError` line naming it and its log; finished shards stay cached."""
+    cfg = cfg.validate()
+    with _computing(model, corpus, n_docs, cfg, profile) as job:
+        if job.complete:
+            return job.run
+        ranges = shard_ranges(n_docs, n_shards, cfg.batch_size)
+        units = [executors.Unit(f"{experiment_name(Path(model).name)}-docs{a}-{b}",
+                                "depthlib.probes.chapter:probe_shard",
+                                dict(model=model, corpus=corpus, n_docs=n_docs, config=dataclasses.asdict(cfg),
+                                     start=a, stop=b)) for a, b in ranges]
+        shard_runs = executors.finished_runs(units, executor, f"probe of {model}")
+        _write_merged(job, model, corpus, n_docs, cfg, shard_runs, executor.kind)
+    return job.run
+
 
 #: The compute entries of the chapter's runs (one experiment per model, ``probes-<model>``): their code modules are
 #: derived from the imports of the functions that compute their numbers (:func:`depthlib.results.compute_modules`):
 #: the documents (``data.corpus``) and the pass over them (``probes.stream.probe_documents``, which also summarises).
-#: ``depthlib.probes.run_probe`` only orchestrates (opens the run, loads, calls these, writes the tables).
+#: ``run_probe`` only orchestrates (opens the run, loads, calls these, writes the tables).
 COMPUTE = {EXPERIMENT_PREFIX: CODE}
 
 
@@ -83,7 +282,6 @@ def _spec(profile: str | ProbeProfile, model: str, weight_noise: float | None = 
 
 def _chapter_run(profile: str | ProbeProfile, model: str, weight_noise: float | None, rerun: bool,
                  progress: bool) -> results.Run:
-    from depthlib.probes import experiment_name, probe_key, run_probe
 
     def expected(prof: str) -> dict | None:
         spec = _spec(prof, model, weight_noise)
@@ -105,7 +303,6 @@ def chapter_runs(profile: str | ProbeProfile = "smoke", *, extra_models: Sequenc
     ``paper`` probes Pythia on FineWeb and never falls back to a ``cpu`` run) and ``extra_models``, whose runs
     must exist already (made by ``depthlib probes --model NAME ...``; the best one of that model is shown).
     Custom settings (a :class:`ProbeProfile`) have their own models' runs only."""
-    from depthlib.probes import experiment_name
     if _custom(profile):
         if extra_models:
             raise InputError("models probed on their own are shown beside a profile's runs, not beside custom settings")
@@ -124,7 +321,6 @@ def chapter_runs(profile: str | ProbeProfile = "smoke", *, extra_models: Sequenc
 
 
 def _expected_main(profile: str, model: str) -> dict | None:
-    from depthlib.probes import probe_key
     spec = _spec(profile, model)
     return probe_key(model, *spec) if spec else None
 
@@ -172,11 +368,10 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeCon
             profile: str = "custom", executor=None, shards: int | None = None, force: bool = False,
             progress: bool = True) -> results.Run:
     """Probe ``model`` on ``n_docs`` documents of ``corpus`` (cached, resumable): in this process
-    (:func:`depthlib.probes.run_probe`) or, with an :class:`~depthlib.executors.ExecutorConfig` other than serial,
+    (:func:`run_probe`) or, with an :class:`~depthlib.executors.ExecutorConfig` other than serial,
     as ``shards`` document shards (default: its number of jobs) merged into the same run."""
     from depthlib import paths, validate
     from depthlib.models import checks
-    from depthlib.probes import SHARD_EXPERIMENT, open_probe_run, run_probe
     cfg = (config or ProbeConfig()).validate()
 
     def check() -> None:                     # before a run is opened (a --force deletes it) or a model is loaded
@@ -190,12 +385,11 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeCon
                                               force=force))
     if force:
         raise InputError("--force works with --executor serial only")
-    from depthlib.probes import shards as sharding
     n = validate.int_in_range("--shards", shards if shards is not None else executor.jobs, 1)
     check()
     folder = paths.local_results_dir() / SHARD_EXPERIMENT
     with results.guarding(folder, f"finished shards and their checkpoints are under {folder}"):
-        return _checked(lambda: sharding.run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile))
+        return _checked(lambda: run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile))
 
 
 def _checked(compute_run: Callable[[], results.Run]) -> results.Run:

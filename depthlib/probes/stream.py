@@ -16,7 +16,7 @@ Randomness is keyed, not sequential: every token gets uniform keys drawn from (s
 lens keys, and the sample keeps the ``reservoir_size`` tokens with the smallest sample keys (a bottom-k sample,
 uniform without replacement). So no number depends on the batch size or on which other documents share a pass,
 and a corpus probed as shards of documents (``doc_offset``) merges into exactly the tables of one pass
-(:mod:`depthlib.probes.shards`; sums to float round-off).
+(:func:`depthlib.probes.chapter.run_sharded`; sums to float round-off).
 """
 from __future__ import annotations
 
