@@ -155,13 +155,19 @@ def test_views_show_an_exponent_only_where_no_bound_and_no_single_depth_decides_
 
 
 def test_views_answer_is_undecided_unless_every_member_is_certified():
+    import numpy as np
+
     from depthlib.compose import text_certified_views as v
     assert "All 9 members are certified" in v.answer(_tables())
     open_ = v.answer(_tables(certified=False))
     assert "**Undecided:** 9 of 9 members" in open_ and "5.0–5.0 %" in open_
     assert "tied 1.30 [1.00, 1.60] (drop-one-depth 1.10–1.50)" in open_ and "+0.40 [+0.10, +0.70]" in open_
-    assert [m["family"] for m in v.measurements(_tables())] == ["tied"]
-    assert v.measurements(_tables(certified=False))[0]["certified"] is False
+    # every reused family reaches the verdict: one without an exponent as no value and its reason (undecided)
+    looped, tied = v.measurements(_tables())
+    assert (tied["family"], tied["value"], tied["certified"]) == ("tied", 1.3, True)
+    assert looped["family"] == "looped" and np.isnan(looped["value"]) and "needs 4" in looped["note"]
+    assert looped["certified"] is False
+    assert v.measurements(_tables(certified=False))[1]["certified"] is False
 
 
 def test_figures_draw_the_smoke_run_without_problems(smoke_run):

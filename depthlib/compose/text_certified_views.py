@@ -102,16 +102,19 @@ def difference_table(source) -> pd.DataFrame:
 
 
 def measurements(source) -> list[dict]:
-    """What the verdict reads for the claim that reusing depth keeps α_ℓ below 2 (``looped_text``): per reused family
-    with a shown exponent, its α_ℓ and interval, the depths, and whether every member is certified."""
+    """What the verdict reads for the claim that reusing depth keeps α_ℓ below 2 (``looped_text``): per reused family,
+    its α_ℓ and interval where it is shown, else no value (NaN) and the reason — a run that gives no exponent it can
+    stand behind leaves the claim undecided, not untested — the depths, and whether every member is certified."""
     out = []
     for r in exponent_table(source).itertuples():
-        if r.family == "untied" or not r.shown:
+        if r.family == "untied":
             continue
-        out.append({"family": r.family, "value": r.alpha, "lo": r.lo, "hi": r.hi, "depths": r.depths,
-                    "certified": r.n_certified == r.n_members,
-                    "note": f"95 % paired bootstrap over held-out documents; {r.n_certified} of {r.n_members} members "
-                            "certified"})
+        certified = f"{r.n_certified} of {r.n_members} members certified"
+        out.append({"family": r.family, "value": r.alpha if r.shown else np.nan,
+                    "lo": r.lo if r.shown else np.nan, "hi": r.hi if r.shown else np.nan, "depths": r.depths,
+                    "certified": bool(r.shown and r.n_certified == r.n_members),
+                    "note": (f"95 % paired bootstrap over held-out documents; {certified}" if r.shown
+                             else f"{r.family}: no exponent ({r.why_not}); {certified}")})
     return out
 
 
