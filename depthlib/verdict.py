@@ -360,7 +360,7 @@ NOTES = {
     "hierarchical": "two laws: the excess over the exact Bayes loss of the random hierarchy model, and the paper's "
                     "form with a free floor; each is inside the region, but they disagree with each other",
     "looped": "one row for the looped and the fully tied family, both laws (the weakest status wins)",
-    "looped_text": "one seed at width 64 (the interval is over held-out documents); where the loss does not fall "
+    "looped_text": "one seed (the interval is over held-out documents); where the loss does not fall "
                    "with effective depth, or one depth moves the fit to a bound, no exponent is given: the run "
                    "cannot decide",
 }

@@ -179,6 +179,9 @@ def test_figures_draw_the_smoke_run_without_problems(smoke_run):
     e = v.exponent_table(smoke_run).assign(shown=True).dropna(subset=["alpha"])
     alphas = figs.text_certified_alphas(e)
     assert not plots.figure_problems(alphas) and list(alphas.data[0].x) == list(e["alpha"])
+    settings = v.settings_table(smoke_run).set_index("setting")["value"]
+    assert settings["families (effective depths ℓ)"] == "untied: 1, 2, 4, 8; looped: 4, 8; tied: 1, 2, 4, 8"
+    assert "tokens a member" in settings["main training"]
 
 
 def test_a_committed_chapter_6_run_is_extended_not_retrained(roots):

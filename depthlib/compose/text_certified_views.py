@@ -22,7 +22,7 @@ import pandas as pd
 
 from depthlib.lm import fit
 
-__all__ = ["answer", "difference_table", "exponent_table", "loss_table", "measurements"]
+__all__ = ["answer", "difference_table", "exponent_table", "loss_table", "measurements", "settings_table"]
 
 FAMILY_ORDER = ("untied", "looped", "tied")
 
@@ -43,6 +43,29 @@ def _at_search_bound(v: float, lo: float, hi: float) -> bool:
 
 def _order(families) -> list[str]:
     return [f for f in FAMILY_ORDER if f in set(families)]
+
+
+def settings_table(source) -> pd.DataFrame:
+    """What the part trained, as (setting, value) rows: the families and their effective depths, the seeds, the model,
+    the budget and the certificate (all chapter 6's converged series'), and the held-out documents."""
+    from depthlib.compose.text_certified import TextCertifiedConfig
+    config = source.config if hasattr(source, "config") else source["config"]
+    c = TextCertifiedConfig.from_dict(config)
+    s, m = c.series, _table(source, "members")
+    depths = {f: ", ".join(str(int(d)) for d in sorted(g["depth"].unique()))
+              for f, g in m.groupby("family", sort=False)}
+    n_docs = _table(source, "final_docs")["doc_id"].nunique()
+    rows = [("families (effective depths ℓ)", "; ".join(f"{f}: {depths[f]}" for f in _order(depths))),
+            ("untied family", "chapter 6's converged series, read from its run (not retrained)"),
+            ("seeds", ", ".join(str(x) for x in c.seeds)),
+            ("model", f"chapter 6's: width {s.model.d_model}, {s.model.n_heads} heads, context {s.model.context}, "
+                      f"vocabulary {s.vocab_size}"),
+            ("main training", f"{s.train.steps:,} steps × {s.tokens_per_step():,} tokens = "
+                              f"{s.tokens_per_member() / 1e6:.2f} M tokens a member"),
+            ("certificate", f"continuations of {s.continuation:g} × the steps so far, re-warmed and decayed, until "
+                            f"one gains < {100 * s.gain_below:g} % (at most {s.max_continuations})"),
+            ("intervals", f"95 % paired bootstrap over {n_docs} held-out documents ({c.n_bootstrap:,} resamples)")]
+    return pd.DataFrame(rows, columns=["setting", "value"])
 
 
 def loss_table(source) -> pd.DataFrame:
