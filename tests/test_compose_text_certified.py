@@ -168,6 +168,13 @@ def test_views_answer_is_undecided_unless_every_member_is_certified():
     assert looped["family"] == "looped" and np.isnan(looped["value"]) and "needs 4" in looped["note"]
     assert looped["certified"] is False
     assert v.measurements(_tables(certified=False))[1]["certified"] is False
+    # the reader's tables: formatted numbers under readable headers, the reason where no exponent is shown
+    e = v.exponent_display(_tables())
+    assert e.loc["tied", "α_ℓ [95 % bootstrap]"] == "1.30 [1.00, 1.60]" and e.loc["tied", "drop-one-depth range"] == (
+        "1.10–1.50")
+    assert e.loc["looped", "α_ℓ [95 % bootstrap]"].startswith("not shown: 3 effective depths")
+    assert v.difference_display(_tables()).loc["tied", "α_ℓ − α_ℓ(untied) [95 % paired]"] == "+0.40 [+0.10, +0.70]"
+    assert set(v.member_display(_tables(certified=False))["continuation gains"]) == {"+1.00 %"}
 
 
 def test_figures_draw_the_smoke_run_without_problems(smoke_run):

@@ -22,7 +22,8 @@ import pandas as pd
 
 from depthlib.lm import fit
 
-__all__ = ["answer", "difference_table", "exponent_table", "loss_table", "measurements", "settings_table"]
+__all__ = ["answer", "difference_display", "difference_table", "exponent_display", "exponent_table", "loss_table",
+           "measurements", "member_display", "settings_table"]
 
 FAMILY_ORDER = ("untied", "looped", "tied")
 
@@ -122,6 +123,46 @@ def difference_table(source) -> pd.DataFrame:
     d["reading"] = np.where(d["lo"] > 0, "steeper than untied",
                             np.where(d["hi"] < 0, "shallower than untied", "not resolved from untied"))
     return d
+
+
+# ---- the tables as the notebook shows them (readable headers, units, formatted numbers) ------------------------------
+def member_display(source) -> pd.DataFrame:
+    """:func:`loss_table` for a reader: per member its parameters, held-out loss (nats/token), whether it is certified
+    and every continuation's gain (%, the held-out loss it removed)."""
+    t = loss_table(source)
+
+    def gains(text) -> str:
+        return ", ".join(f"{100 * float(g):+.2f} %" for g in str(text).split(",") if g.strip()) or "—"
+    return pd.DataFrame({"family": t["family"].astype(str), "effective depth ℓ": t["depth"], "seed": t["seed"],
+                         "parameters": t["n_params"].map("{:,}".format),
+                         "held-out loss (nats/token)": t["val_loss"].map("{:.4f}".format),
+                         "certified": t["certified"].map({True: "yes", False: "no"}),
+                         "continuation gains": t["gains"].map(gains)}).set_index(["family", "effective depth ℓ"])
+
+
+def exponent_display(source) -> pd.DataFrame:
+    """:func:`exponent_table` for a reader: per family its effective depths, α_ℓ with its 95 % paired bootstrap
+    interval (or why it is not shown), α_ℓ without ℓ = 1, the range of the refits without one depth and how many of
+    its members are certified."""
+    e = exponent_table(source)
+    return pd.DataFrame({
+        "family": e["family"], "effective depths": e["depths"],
+        "α_ℓ [95 % bootstrap]": [_iv(r.alpha, r.lo, r.hi) if r.shown else f"not shown: {r.why_not}"
+                                 for r in e.itertuples()],
+        "α_ℓ without ℓ = 1": [f"{v:.2f}" if np.isfinite(v) else "—" for v in e["without_1"]],
+        "drop-one-depth range": [f"{a:.2f}–{b:.2f}" if np.isfinite(a) else "—"
+                                 for a, b in zip(e["drop_one_min"], e["drop_one_max"])],
+        "members certified": [f"{r.n_certified} of {r.n_members}" for r in e.itertuples()]}).set_index("family")
+
+
+def difference_display(source) -> pd.DataFrame:
+    """:func:`difference_table` for a reader: each reused family's α_ℓ minus the untied family's on the same effective
+    depths, with its 95 % paired bootstrap interval, and where that interval lies."""
+    d = difference_table(source)
+    return pd.DataFrame({"family": d["family"], "effective depths": d["depths"],
+                         "α_ℓ − α_ℓ(untied) [95 % paired]": [f"{r.value:+.2f} [{r.lo:+.2f}, {r.hi:+.2f}]"
+                                                             for r in d.itertuples()],
+                         "reading": d["reading"]}).set_index("family")
 
 
 def measurements(source) -> list[dict]:
