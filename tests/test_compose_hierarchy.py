@@ -551,3 +551,105 @@ def test_smoke_run_views_figures_and_answer(smoke_run):
         assert (r.claim in undecided) if r.status == "undecided" else (f"{r.claim} — **{r.status}**" in decided)
     certified_row = rows.set_index("key").loc["certified"]
     assert certified_row["status"] == ("holds" if members["certified"].all() else "contradicted")
+    # the diagnostics and chapter 5's edits: tables, figures and the generated reading, on the real run's tables
+    diag = hv.diagnostic_numbers(run)
+    leaf = members[members["task"] == "leaf"]
+    assert len(diag) == leaf.groupby(["family", "depth"]).ngroups
+    table = hv.diagnostics_table(run)
+    assert table.index.names == ["family", "effective depth ℓ"] and len(table) == len(diag)
+    assert not any("_" in c and " " not in c for c in table.columns)            # headers a reader can read
+    costs = hv.edit_costs(run)
+    assert set(costs["edit"]) <= set(hv.EDITS) and set(costs["task"]) == set(members["task"])
+    assert (costs.loc[costs["family"] == "tied", "edit"] == "delete").all()     # one block: nothing to move
+    edits = hv.edits_table(run)
+    assert len(edits) and (edits.index.get_level_values("effective depth ℓ") >= 3).all()
+    sep = hv.separation_rows(run)
+    assert set(sep["reading"]) <= set(hv.READINGS) and sep["key"].is_unique
+    text = hv.diagnostics_text(run)
+    assert text.startswith("*(smoke profile: placeholder numbers.)*") and "**So:**" in text
+    for r in sep.itertuples():
+        assert r.measurement in text, r.key
+    deep = int(leaf.loc[leaf["family"] == "untied", "depth"].max())
+    for fig in (figs.hierarchy_edits(costs, "leaf", L), figs.hierarchy_edits(costs, "root", L),
+                figs.diagnostic_vs_depth(diag, "theta_dh_mean", "update angle", "angle (rad)", ref=np.pi / 2),
+                figs.diagnostic_vs_depth(diag, "delete_vs_ensemble", "deletion ÷ ensemble", "ratio (dimensionless)"),
+                figs.profiles(hv.layer_profiles(run, "theta"), deep, "θ(h_l, h_l+1) (rad)", "rotation per block"),
+                figs.profiles(hv.lag_profiles(run), deep, "cosine (dimensionless)", "lags", x_title="lag k (blocks)")):
+        assert plots.figure_problems(fig) == [], fig.layout.title.text
+
+
+# ---- the diagnostics' reading on tables with known answers ------------------------------------------------------
+def _diag_source(swap_factor: float, delete_cost, *, seeds=(0, 1, 2), noise=0.2, theta_dh=1.5, long_lag=0.02):
+    """The member, edit and diagnostic tables of untied next-leaf and root members at DEPTHS whose every middle
+    deletion costs ``delete_cost(ℓ)`` (nats/leaf; for the root that much error) and every move (a swap of two middle
+    neighbours, a random order of the middle) ``swap_factor`` times as much, each × (1 + noise·z) per member and edit;
+    the signatures an ensemble gives (θ(Δh) = ``theta_dh`` rad, long-lag cosine ``long_lag``, every token 'evenly',
+    ⟨θ⟩_mid ∝ 1/ℓ) and the excess 0.05/ℓ."""
+    rng = np.random.default_rng(3)
+    members, edits = [], []
+    for s in seeds:
+        for task in ("leaf", "root"):
+            for d in DEPTHS:
+                key = {"task": task, "family": "untied", "depth": d, "seed": s}
+                base = delete_cost(d) * (1 + noise * rng.standard_normal())
+                move = swap_factor * delete_cost(d) * (1 + noise * rng.standard_normal())
+                rows = [("delete", j, base if 1 <= j <= d - 2 else 1.0) for j in range(d) if d > 1]
+                rows += [("swap", j, move if 1 <= j <= d - 3 else 1.0) for j in range(d - 1)]
+                rows += [("permute", p, move) for p in range(2) if d > 3 and task == "leaf"]
+                for edit, j, c in rows:
+                    edits.append({**key, "edit": edit, "position": j, "loss": np.nan,
+                                  "delta": c if task == "leaf" else 0.1,
+                                  "delta_accuracy": -c if task == "root" else np.nan})
+                leaf = task == "leaf"
+                members.append({**key, "excess": 0.05 / d, "accuracy": np.nan, "error": np.nan, "certified": True,
+                                "probe_excess": 0.05 / d if leaf else np.nan,
+                                "theta_middle_mean": 1.0 / d if leaf else np.nan,
+                                "theta_dh_mean": theta_dh if leaf and d > 1 else np.nan,
+                                "long_lag_cos": long_lag if leaf and d > 1 else np.nan,
+                                "cluster_evenly": 1.0 if leaf and d >= 4 else np.nan,
+                                "delete_middle_delta": base if leaf and d >= 3 else np.nan})
+    return {"members": pd.DataFrame(members), "edits": pd.DataFrame(edits), "layers": pd.DataFrame(),
+            "lags": pd.DataFrame(), "clusters": pd.DataFrame(), "config": {"profile": "cpu"}}
+
+
+def test_moves_that_cost_far_more_than_deletions_separate_the_control_from_an_ensemble():
+    """An assembly line: a deletion costs 0.05 nats/leaf at every depth (far above an ensemble's E/(ℓ − 1)) and a
+    move ten times as much, while the signatures are an ensemble's. The edits separate it, the signatures read it as
+    an ensemble, and the text says the signatures cannot tell composition from averaging here."""
+    from depthlib.compose import hierarchy_views as hv
+    src = _diag_source(10.0, lambda d: 0.05)
+    reading = hv.separation_rows(src).set_index("key")["reading"]
+    assert reading["swap"] == reading["permute"] == reading["root_swap"] == reading["delete_vs_ensemble"] == "separates"
+    for key in ("theta_dh", "long_lag", "evenly", "alpha_theta"):
+        assert reading[key] == "reads as an ensemble", key
+    text = hv.diagnostics_text(src)
+    assert "not an ensemble" in text and "cannot tell composition from averaging" in text
+    separate, _, rest = text.partition("**Read it as an ensemble:**")
+    assert "swapping two middle neighbours" in separate and "update angle" in rest.partition("**Undecided:**")[0]
+    table = hv.edits_table(src)
+    assert table.loc[("leaf", "untied", 8), "swap against delete"] == "swap costs more"
+    assert table.loc[("leaf", "untied", 3), hv.EDITS["swap"]] == "—"                    # one middle block: no middle swap
+    # a flow's signatures (updates in one direction) separate too, by chapter 3's rule
+    flow = hv.separation_rows(_diag_source(10.0, lambda d: 0.05, theta_dh=0.4, long_lag=0.6)).set_index("key")
+    assert flow.loc["theta_dh", "reading"] == flow.loc["long_lag", "reading"] == "separates"
+
+
+
+def test_moves_that_cost_as_much_as_deletions_are_undecided_and_an_ensembles_deletion_reads_as_one():
+    """A move costing as much as a deletion (noisy replicates): the intervals overlap, so the order rows are
+    undecided; a deletion costing what an ensemble loses, E/(ℓ − 1), reads as an ensemble; the text says so. One
+    replicate has no interval: everything is undecided."""
+    from depthlib.compose import hierarchy_views as hv
+    src = _diag_source(1.0, lambda d: 0.05 / d / max(d - 1, 1))
+    rows = hv.separation_rows(src).set_index("key")
+    assert rows.loc["swap", "reading"] == rows.loc["root_swap", "reading"] == "undecided"
+    assert rows.loc["swap", "reason"] == "the two intervals overlap"
+    assert rows.loc["delete_vs_ensemble", "reading"] == "reads as an ensemble"
+    assert rows.loc["delete_vs_ensemble", "value"] == pytest.approx(1.0, rel=0.3)
+    text = hv.diagnostics_text(src)
+    assert "**Separate it** (outside what an ensemble predicts): none." in text
+    assert "no edit separates them" in text
+    assert hv.edits_table(src).loc[("leaf", "untied", 8), "swap against delete"] == "intervals overlap"
+    one = hv.separation_rows(_diag_source(10.0, lambda d: 0.05, seeds=(0,)))
+    assert (one["reading"] == "undecided").all()
+    assert "no edit decides here" in hv.diagnostics_text(_diag_source(10.0, lambda d: 0.05, seeds=(0,)))

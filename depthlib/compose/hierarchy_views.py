@@ -22,6 +22,15 @@ The rows that need no certificate: the held-out set is unseen (an exact count), 
 target (a trained member's loss only falls with more training, and the n-gram tables are counted on as many
 sequences as the longest member drew), every member is certified (the certificate itself), and whether the exponent
 still moves from round to round.
+
+**The diagnostics and chapter 5's edits** (:func:`diagnostics_table`, :func:`edits_table`, :func:`diagnostics_text`):
+the paper's hidden-state measurements of the next-leaf members (angles in rad, cosines dimensionless, cluster shares
+in % of probe tokens) and the cost of deleting, swapping and reordering middle block applications (next leaf: nats per
+leaf; root: the rise of the error, a fraction of the probe sequences). :func:`separation_rows` reads each against what
+an ensemble predicts — **separates**, **reads as an ensemble** or **undecided** (:data:`READINGS`) — by a rule stated
+in its docstring; these readings are about the measurements, not claims of the verdict, and need no certificate (they
+describe the members as trained). The numbers behind the figures reuse the rhm part's views
+(:func:`depthlib.compose.analysis.diagnostic_table` and its profiles) on the next-leaf task's tables.
 """
 from __future__ import annotations
 
@@ -29,10 +38,13 @@ import numpy as np
 import pandas as pd
 
 from depthlib import claims
+from depthlib.compose import analysis
 from depthlib.compose.analysis import mean_interval
 
-__all__ = ["BREAK_MARGIN", "FAR_BELOW", "STATUSES", "answer", "baseline_table", "certification_table",
-           "exponent_table", "gains_table", "loss_table", "round_table", "settings_table", "slope_change_table",
+__all__ = ["BREAK_MARGIN", "DELETE_EDGE", "EDITS", "EDIT_KEYS", "EDIT_UNITS", "FAR_BELOW", "READINGS", "SHORT", "STATUSES",
+           "answer", "baseline_table", "certification_table", "diagnostic_numbers", "diagnostics_table",
+           "diagnostics_text", "edit_costs", "edits_table", "exponent_table", "gains_table", "lag_profiles",
+           "layer_profiles", "loss_table", "round_table", "separation_rows", "settings_table", "slope_change_table",
            "verdict_rows", "verdict_table", "zero_error_depths"]
 
 STATUSES = ("holds", "contradicted", "undecided")
@@ -549,4 +561,384 @@ def answer(source) -> str:
              if rows.loc[k, "status"] == "undecided"]
     parts.append("**What this run can say:** " + ("; ".join(decided) if decided else "nothing decided") + ". "
                  + ("**Undecided:** " + "; ".join(open_) + "." if open_ else "Nothing stays undecided."))
+    return " ".join(parts)
+
+
+# ---- the diagnostics and chapter 5's edits ------------------------------------------------------------------------
+#: the three readings of a diagnostic against what an ensemble predicts (:func:`separation_rows`)
+READINGS = ("separates", "reads as an ensemble", "undecided")
+#: an ensemble of similar members loses about what E ∝ 1/ℓ loses with one member fewer; the ratio of a deletion's
+#: cost to that (:func:`depthlib.compose.analysis.delete_vs_ensemble`) is ≈ α_ℓ for E ∝ ℓ^−α, so the book's
+#: boundary between averaging (1) and a smooth flow (3) for α_ℓ, 2, is the boundary here too
+DELETE_EDGE = 2.0
+#: the edits a member records (:mod:`depthlib.compose.diagnostics`, :func:`depthlib.compose.roots.root_edits`), as the
+#: tables name them: every one acts on the middle applications 1 … ℓ−2 only
+EDITS = {"delete": "delete one middle block", "swap": "swap two middle neighbours", "permute": "permute the middle"}
+#: what a task's edit costs are measured in
+EDIT_UNITS = {"leaf": "Δ next-leaf loss (nats/leaf)", "root": "Δ root error (fraction of probe sequences)"}
+
+
+class _TaskTables:
+    """A run's (or a mapping's) tables restricted to one task, read through ``table(name)`` as the functions of
+    :mod:`depthlib.compose.analysis` (written for the one-task rhm part) read a run."""
+
+    def __init__(self, source, task: str):
+        self.source, self.task = source, task
+
+    def table(self, name: str) -> pd.DataFrame:
+        t = _table(self.source, name)
+        return t[t["task"] == self.task].reset_index(drop=True) if "task" in t else t
+
+
+def diagnostic_numbers(source) -> pd.DataFrame:
+    """The next-leaf members' diagnostics per family and effective depth, as the rhm part's
+    :func:`depthlib.compose.analysis.diagnostic_table` gives them (each ``col`` with ``col_lo``, ``col_hi``: mean over
+    replicates and 95 % t interval): theta_middle_mean (rad), theta_dh_mean (rad), long_lag_cos, cluster_evenly
+    (fraction of probe tokens), the edits' summaries (nats/leaf), probe_excess (nats/leaf) and delete_vs_ensemble
+    (ratio); and cluster_explained_pc1 (fraction of variance), clusters_min / clusters_max (the trajectory clusters
+    that hold any token, over replicates; NaN below ℓ = 4) and replicates. Numbers for figures
+    (:func:`depthlib.plots.compose.diagnostic_vs_depth`); :func:`diagnostics_table` is the table for the reader."""
+    leaf = _TaskTables(source, "leaf")
+    m = leaf.table("members")
+    if m.empty or "delete_middle_delta" not in m:                 # a run without the next-leaf task
+        return pd.DataFrame(columns=["family", "depth", "replicates"])
+    d = analysis.diagnostic_table(leaf)
+    extra = []
+    cl = leaf.table("clusters")
+    counts = {}                                   # (family, depth) → clusters holding tokens, one per replicate
+    if len(cl):
+        for (family, depth, _), g in cl[cl["kind"] == "cluster mean"].groupby(["family", "depth", "seed"]):
+            counts.setdefault((family, int(depth)), []).append(g["cluster"].nunique())
+    for (family, depth), g in m.groupby(["family", "depth"]):
+        row = {"family": family, "depth": int(depth), "replicates": len(g)}
+        if "cluster_explained_pc1" in g:
+            (row["cluster_explained_pc1"], row["cluster_explained_pc1_lo"], row["cluster_explained_pc1_hi"],
+             _) = mean_interval(g["cluster_explained_pc1"])
+        n = counts.get((family, int(depth)), [])
+        row["clusters_min"], row["clusters_max"] = (float(min(n)), float(max(n))) if n else (np.nan, np.nan)
+        extra.append(row)
+    return d.merge(pd.DataFrame(extra), on=["family", "depth"], how="left")
+
+
+def layer_profiles(source, metric: str = "theta") -> pd.DataFrame:
+    """Per next-leaf family, depth and block: θ(h_l, h_l+1) (``metric="theta"``) or θ(Δh_l, Δh_l+1) (``"theta_dh"``),
+    rad, mean over replicates of the per-block means over probe tokens with its 95 % t interval (columns family, depth,
+    layer, mean, lo, hi: :func:`depthlib.compose.analysis.layer_profiles`, for
+    :func:`depthlib.plots.compose.profiles`)."""
+    return analysis.layer_profiles(_TaskTables(source, "leaf"), metric)
+
+
+def lag_profiles(source) -> pd.DataFrame:
+    """Per next-leaf family, depth and lag k (blocks): the mean cosine cos(Δh_l, Δh_l+k) over l and probe tokens,
+    mean over replicates with its 95 % t interval (family, depth, k, cos, lo, hi:
+    :func:`depthlib.compose.analysis.lag_profiles`)."""
+    return analysis.lag_profiles(_TaskTables(source, "leaf"))
+
+
+def _fmt(v: float, lo: float, hi: float, *, digits: int = 2, pct: bool = False, sig: bool = False) -> str:
+    """"v [lo, hi]", "v" without an interval, "—" without a value; ``pct``: a share in % (interval clipped to
+    [0, 1]); ``sig``: three significant digits."""
+    if not np.isfinite(v):
+        return "—"
+    if pct:
+        lo, hi = max(lo, 0.0), min(hi, 1.0)
+    f = ((lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.3g}") if sig else (lambda x: f"{x:.{digits}f}"))
+    return f"{f(v)} [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else f(v)
+
+
+def _col(r, col: str, **kw) -> str:
+    return _fmt(r.get(col, np.nan), r.get(f"{col}_lo", np.nan), r.get(f"{col}_hi", np.nan), **kw)
+
+
+def diagnostics_table(source) -> pd.DataFrame:
+    """The paper's hidden-state diagnostics of the next-leaf members, per family and effective depth ℓ, as "mean
+    [95 % t interval over replicates]" (the mean alone with one replicate; "—" where a depth has none), on the probe
+    set's tokens (:mod:`depthlib.compose.diagnostics`):
+
+    * **middle-block angle θ(h_l, h_l+1)** (rad): how far one block application turns the residual stream, averaged
+      over the middle blocks 1 … ℓ−2 (all blocks for ℓ ≤ 2);
+    * **update angle θ(Δh_l, Δh_l+1)** (rad): between consecutive updates over the middle pairs; π/2 = 1.57: unrelated
+      updates, 0: one shared direction;
+    * **long-lag cosine** (dimensionless): cos(Δh_l, Δh_l+k) over the lags k ≥ ℓ/4, 0: distant updates unrelated;
+    * **trajectory clusters holding tokens** (of the two of paper Fig. 2b, range over replicates) and **tokens in the
+      "updated evenly" cluster** (% of probe tokens; the paper's 99.6 %), for ℓ ≥ 4;
+    * replicates."""
+    d = diagnostic_numbers(source)
+    if d.empty:
+        return pd.DataFrame(columns=["family", "effective depth ℓ"]).set_index(["family", "effective depth ℓ"])
+    rows = []
+    for _, r in d.sort_values(["family", "depth"], key=lambda s: s.map(_family_order) if s.name == "family" else s,
+                              kind="stable").iterrows():
+        lo, hi = r.get("clusters_min", np.nan), r.get("clusters_max", np.nan)
+        rows.append({"family": r["family"], "effective depth ℓ": int(r["depth"]),
+                     "middle-block angle θ(h_l, h_l+1) (rad)": _col(r, "theta_middle_mean"),
+                     "update angle θ(Δh_l, Δh_l+1) (rad)": _col(r, "theta_dh_mean"),
+                     "long-lag cosine, k ≥ ℓ/4": _col(r, "long_lag_cos"),
+                     "trajectory clusters holding tokens": ("—" if not np.isfinite(lo) else f"{lo:.0f}" if lo == hi
+                                                            else f"{lo:.0f}–{hi:.0f}"),
+                     "tokens in the 'evenly' cluster (%)": _col(r, "cluster_evenly", pct=True),
+                     "replicates": int(r["replicates"])})
+    return pd.DataFrame(rows).set_index(["family", "effective depth ℓ"])
+
+
+def _family_order(f: str) -> int:
+    return ("untied", "looped", "tied").index(f) if f in ("untied", "looped", "tied") else 3
+
+
+def _member_edits(source) -> pd.DataFrame:
+    """Per member (task, family, depth, seed) and edit: the mean cost over the edit's middle positions — deleting one
+    of the applications 1 … ℓ−2, swapping j and j+1 for j = 1 … ℓ−3 (both in the middle), a random order of the middle
+    (every draw) — as the increase of the next-leaf loss (nats/leaf) or of the root error (−Δ accuracy)."""
+    e = _table(source, "edits")
+    if e.empty:
+        return pd.DataFrame(columns=["task", "family", "depth", "seed", "edit", "cost"])
+    e = e.assign(cost=np.where(e["task"] == "root", -e.get("delta_accuracy", np.nan), e["delta"]))
+    last = np.where(e["edit"] == "swap", e["depth"] - 3, e["depth"] - 2)
+    middle = (e["edit"] == "permute") | ((e["position"] >= 1) & (e["position"] <= last))
+    return (e[middle].groupby(["task", "family", "depth", "seed", "edit"], as_index=False)["cost"].mean())
+
+
+def edit_costs(source) -> pd.DataFrame:
+    """Chapter 5's edits per task, family, effective depth and edit (delete, swap, permute: :data:`EDITS`, each on the
+    middle applications only): value (the members' mean cost over the edit's positions, then the mean over
+    replicates), lo, hi (95 % t over replicates), replicates, unit (:data:`EDIT_UNITS`: next leaf, the rise of the
+    probe loss in nats/leaf; root, the rise of the error, a fraction of the probe sequences). Only the edits a member
+    can make: a swap needs two middle applications (ℓ ≥ 4) and distinct blocks (untied, or looped at ℓ = 3, whose three
+    blocks are distinct), a permutation ℓ ≥ 4 and untied; the root task records no permutation."""
+    per = _member_edits(source)
+    rows = []
+    for (task, family, depth, edit), g in per.groupby(["task", "family", "depth", "edit"], sort=False):
+        v, lo, hi, n = mean_interval(g["cost"])
+        rows.append({"task": task, "family": family, "depth": int(depth), "edit": edit, "value": v, "lo": lo, "hi": hi,
+                     "replicates": n, "unit": EDIT_UNITS.get(task, "")})
+    out = pd.DataFrame(rows, columns=["task", "family", "depth", "edit", "value", "lo", "hi", "replicates", "unit"])
+    return out.sort_values(["task", "family", "depth", "edit"], key=lambda s: s.map(_family_order) if s.name == "family"
+                           else s.map(list(EDITS).index) if s.name == "edit" else s, kind="stable").reset_index(drop=True)
+
+
+def _compare(a: dict, b: dict) -> tuple[str, str]:
+    """Where one cost's interval lies against another's: "above", "below" or "overlap" (or "no interval"), and why."""
+    if not all(np.isfinite(x) for x in (a["lo"], a["hi"], b["lo"], b["hi"])):
+        return "no interval", "fewer than two replicates: no interval"
+    if a["lo"] > b["hi"]:
+        return "above", f"its interval's lower end {a['lo']:.3g} lies above the other's upper end {b['hi']:.3g}"
+    if a["hi"] < b["lo"]:
+        return "below", f"its interval's upper end {a['hi']:.3g} lies below the other's lower end {b['lo']:.3g}"
+    return "overlap", "the two intervals overlap"
+
+
+def edits_table(source) -> pd.DataFrame:
+    """Chapter 5's edits where a member made them, per task, family and effective depth ℓ (ℓ ≥ 3: one middle
+    application at least): the cost of deleting one middle block, of swapping two middle neighbours and of a random
+    order of the middle (mean over replicates [95 % t interval], in the unit of the column "cost in": next leaf nats per
+    leaf, root the rise of the error as a fraction of the probe sequences, i.e. −Δ accuracy); **swap against delete**:
+    whether the swap's interval lies wholly above the deletion's (order costs more than a block's absence: an assembly
+    line, not an ensemble, whose order only matters through the weak coupling of its members — chapter 5's prediction
+    3), wholly below, or overlaps; and for the next leaf **deletion ÷ an ensemble's cost**: the deletion's cost over
+    what an ensemble with E ∝ 1/ℓ would lose, E/(ℓ − 1) (:func:`depthlib.compose.analysis.delete_vs_ensemble`; ≈ 1 for
+    an ensemble, ≫ 1 for a step that cannot be spared), dimensionless."""
+    c = edit_costs(source)
+    if c.empty:
+        return pd.DataFrame()
+    diag = diagnostic_numbers(source).set_index(["family", "depth"])
+    rows = []
+    for (task, family, depth), g in c.groupby(["task", "family", "depth"], sort=False):
+        if depth < 3:
+            continue
+        by = {r.edit: {"value": r.value, "lo": r.lo, "hi": r.hi} for r in g.itertuples()}
+        empty = {"value": np.nan, "lo": np.nan, "hi": np.nan}
+        d, s, p = (by.get(k, empty) for k in EDITS)
+        where, _ = _compare(s, d) if np.isfinite(s["value"]) else ("—", "")
+        ratio = "—"
+        if task == "leaf" and (family, depth) in diag.index:
+            ratio = _col(diag.loc[(family, depth)], "delete_vs_ensemble", digits=1)
+        rows.append({"task": task, "family": family, "effective depth ℓ": int(depth), "cost in": EDIT_UNITS[task],
+                     EDITS["delete"]: _fmt(d["value"], d["lo"], d["hi"], sig=True),
+                     EDITS["swap"]: _fmt(s["value"], s["lo"], s["hi"], sig=True),
+                     EDITS["permute"]: _fmt(p["value"], p["lo"], p["hi"], sig=True),
+                     "swap against delete": {"above": "swap costs more", "below": "swap costs less",
+                                             "overlap": "intervals overlap", "no interval": "no interval"}.get(where, "—"),
+                     "deletion ÷ an ensemble's cost": ratio,
+                     "replicates": int(g["replicates"].max())})
+    return pd.DataFrame(rows).set_index(["task", "family", "effective depth ℓ"])
+
+
+def _region(value: float, lo: float, hi: float, region: tuple[float, float], what: str) -> tuple[str, str]:
+    """A reading of (value, lo, hi) against the region an ensemble predicts: inside it "reads as an ensemble",
+    wholly outside "separates", straddling an edge (or without an interval) "undecided"; and why."""
+    r_lo, r_hi = region
+    if not np.isfinite(value):
+        return "undecided", "not measured"
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "undecided", "fewer than two replicates: no interval"
+    if r_lo <= lo and hi <= r_hi:
+        return "reads as an ensemble", f"[{lo:.2f}, {hi:.2f}] lies inside {what}"
+    if hi < r_lo or lo > r_hi:
+        return "separates", f"[{lo:.2f}, {hi:.2f}] lies wholly outside {what}"
+    return "undecided", f"[{lo:.2f}, {hi:.2f}] straddles an edge of {what}"
+
+
+def _deepest(d: pd.DataFrame, col: str, family: str = "untied") -> pd.Series | None:
+    """The row of ``d`` (family, depth, ``col``…) at the deepest depth of ``family`` where ``col`` is measured."""
+    g = d[(d["family"] == family) & np.isfinite(d[col].astype(float))] if col in d else d.iloc[:0]
+    return None if g.empty else g.sort_values("depth").iloc[-1]
+
+
+def _theta_exponents(source) -> dict:
+    """α_θ of the untied next-leaf members: per replicate the least-squares ⟨θ⟩_mid ∝ ℓ^−α_θ over the depths with two
+    middle blocks or more (:func:`depthlib.lm.fit.angle_exponent`, ℓ ≥ 4), then mean and 95 % t over replicates."""
+    from depthlib.lm.fit import ANGLE_MIN_DEPTH, angle_exponent
+    m = _members(source)
+    u = m[(m["task"] == "leaf") & (m["family"] == "untied")]
+    if "theta_middle_mean" not in u:
+        u = u.assign(theta_middle_mean=np.nan)
+    alphas = [angle_exponent(g[["depth", "theta_middle_mean"]], "theta_middle_mean")["alpha"]
+              for _, g in u.groupby("seed")]
+    v, lo, hi, n = mean_interval(alphas)
+    depths = sorted(int(x) for x in u.loc[u["depth"] >= ANGLE_MIN_DEPTH, "depth"].unique())
+    return {"value": v, "lo": lo, "hi": hi, "n": n, "depths": depths}
+
+
+def separation_rows(source) -> pd.DataFrame:
+    """Which measurement tells the compositional control — the **untied** members on this hierarchical target — from
+    what an **ensemble** predicts, one row per measurement, each at the deepest untied depth where it is measured:
+    key, measurement, depth, ensemble (what an ensemble predicts, and whose rule that is), measured, value, lo, hi,
+    reading (one of :data:`READINGS`) and reason. The rules:
+
+    * **edits, swap** and **permute** (next leaf; ``root_swap``: the root error): the cost's 95 % interval against
+      deleting one middle block's. An ensemble's order matters only through the weak coupling of its members, so
+      moving blocks costs less than removing one (chapter 5's prediction 3 and its claim ``order_matters_little``:
+      reordering ÷ deleting < 1). Wholly above: **separates** (order costs more than a block's absence: an assembly
+      line); wholly below: **reads as an ensemble**; overlapping intervals: **undecided**;
+    * **deletion ÷ an ensemble's cost** (:func:`depthlib.compose.analysis.delete_vs_ensemble`): ≈ 1 for an ensemble
+      (≈ α_ℓ if E ∝ ℓ^−α); an interval wholly at or above :data:`DELETE_EDGE` separates, wholly below it reads as an
+      ensemble;
+    * **update angle θ(Δh)** and **long-lag cosine**: chapter 3's rule (:data:`depthlib.interventions.predictions.
+      THETA_MIN`, ``LONG_LAG_MAX``): an ensemble has θ(Δh) > 1.2 rad and a long-lag cosine < 0.1;
+    * **"updated evenly" share**: the paper reads ≥ 75 % of tokens there as "not compositional" (the book's region for
+      the claim ``tokens_evenly``);
+    * **α_θ**, the middle angle's fall with depth (⟨θ⟩_mid ∝ ℓ^−α_θ over the untied depths ≥ 4, fitted per replicate):
+      an ensemble (and a flow) gives α_θ within 0.5 of 1 (the claim ``angle_depth``).
+
+    Inside the region an ensemble predicts: **reads as an ensemble**; wholly outside: **separates**; straddling an edge,
+    or one replicate (no interval): **undecided**."""
+    from depthlib.interventions.predictions import LONG_LAG_MAX, THETA_MIN
+    rows = []
+    costs = edit_costs(source)
+    d = diagnostic_numbers(source)
+
+    def add(key, measurement, depth, ensemble, measured, v, lo, hi, reading, reason):
+        rows.append({"key": key, "measurement": measurement, "depth": depth, "ensemble": ensemble,
+                     "measured": measured, "value": v, "lo": lo, "hi": hi, "reading": reading, "reason": reason})
+
+    for key, task, edit in (("swap", "leaf", "swap"), ("permute", "leaf", "permute"), ("root_swap", "root", "swap")):
+        c = costs[(costs["task"] == task) & (costs["family"] == "untied")]
+        had = c[(c["edit"] == edit) & np.isfinite(c["value"])]
+        what = (f"{'swapping two middle neighbours' if edit == 'swap' else 'a random order of the middle'} against "
+                f"deleting one middle block on the {'next leaf' if task == 'leaf' else 'root error'}")
+        unit = "nats/leaf" if task == "leaf" else "of the probe sequences"
+        ensemble = "a move costs less than a deletion"
+        if had.empty:
+            add(key, what, np.nan, ensemble, "not measured", np.nan, np.nan, np.nan, "undecided",
+                "no untied member made this edit")
+            continue
+        depth = int(had["depth"].max())
+        a = had[had["depth"] == depth].iloc[0]
+        b = c[(c["edit"] == "delete") & (c["depth"] == depth)]
+        b = b.iloc[0] if len(b) else pd.Series({"value": np.nan, "lo": np.nan, "hi": np.nan})
+        where, why = _compare(dict(a), dict(b))
+        reading = {"above": "separates", "below": "reads as an ensemble"}.get(where, "undecided")
+        add(key, what, depth, ensemble,
+            f"{_fmt(a['value'], a['lo'], a['hi'], sig=True)} against {_fmt(b['value'], b['lo'], b['hi'], sig=True)} "
+            f"{unit}", a["value"], a["lo"], a["hi"], reading, why)
+    specs = (("delete_vs_ensemble", "delete_vs_ensemble", "deletion ÷ an ensemble's cost", (-np.inf, DELETE_EDGE),
+              f"≈ 1, below {DELETE_EDGE:g}", "", 1),
+             ("theta_dh", "theta_dh_mean", "update angle θ(Δh_l, Δh_l+1)", (THETA_MIN, np.inf),
+              f"above {THETA_MIN:g} rad", " rad", 2),
+             ("long_lag", "long_lag_cos", "long-lag cosine", (-np.inf, LONG_LAG_MAX),
+              f"below {LONG_LAG_MAX:g}", "", 2),
+             ("evenly", "cluster_evenly", "tokens in the 'updated evenly' cluster", _CLAIMS["tokens_evenly"].region,
+              "75 % or more", "", 0))
+    for key, col, what, region, ensemble, unit, digits in specs:
+        r = _deepest(d, col) if len(d) else None
+        if r is None:
+            add(key, what, np.nan, ensemble, "not measured", np.nan, np.nan, np.nan, "undecided",
+                "no untied member has it")
+            continue
+        v, lo, hi = (float(r[c]) for c in (col, f"{col}_lo", f"{col}_hi"))
+        if key == "evenly":
+            lo, hi = (max(lo, 0.0), min(hi, 1.0)) if np.isfinite(lo) else (lo, hi)
+            measured = _fmt(v, lo, hi, pct=True) + " % of probe tokens"
+        else:
+            measured = _fmt(v, lo, hi, digits=digits) + unit
+        reading, why = _region(v, lo, hi, region, "the ensemble's region")
+        add(key, what, int(r["depth"]), ensemble, measured, v, lo, hi, reading, why)
+    a = _theta_exponents(source)
+    region = _CLAIMS["angle_depth"].region
+    reading, why = _region(a["value"], a["lo"], a["hi"], region, "the ensemble's region")
+    fitted = len(a["depths"]) >= 2
+    add("alpha_theta", "the middle angle's fall with depth α_θ", np.nan, "within 0.5 of 1",
+        (_fmt(a["value"], a["lo"], a["hi"]) + f" over ℓ = {', '.join(map(str, a['depths']))}") if fitted
+        else "not measured", a["value"], a["lo"], a["hi"], reading if fitted else "undecided",
+        why if fitted else "fewer than two untied depths ≥ 4")
+    return pd.DataFrame(rows)
+
+
+#: the rows of :func:`separation_rows` that are chapter 5's edits (the rest are the paper's hidden-state signatures)
+EDIT_KEYS = ("swap", "permute", "root_swap", "delete_vs_ensemble")
+#: each row's short name in the conclusion of :func:`diagnostics_text`
+SHORT = {"swap": "the swap", "permute": "the random order", "root_swap": "the root's swap",
+         "delete_vs_ensemble": "the deletion's cost over an ensemble's", "theta_dh": "θ(Δh)",
+         "long_lag": "the long-lag cosine", "evenly": "the 'evenly' share", "alpha_theta": "α_θ"}
+
+
+def diagnostics_text(source) -> str:
+    """A Markdown paragraph generated from :func:`separation_rows`: which measurements tell the untied members from
+    what an ensemble predicts (with their numbers, at the deepest untied depth that has them), which read them as an
+    ensemble and which are undecided, then what follows by a stated rule: if some edit separates and none reads them
+    as an ensemble, the untied members are not an ensemble by chapter 5's edits, so a signature that reads them as one
+    cannot tell composition from averaging here; if the edits disagree, or none decides, that stays open; if the edits
+    read them as an ensemble, this run's control does not compose and cannot show which measurement would tell."""
+    rows = separation_rows(source)
+    cfg = _config(source)
+    parts = ["*(smoke profile: placeholder numbers.)*"] if cfg.get("profile") == "smoke" else []
+    n = int(_members(source).query("family == 'untied'")["seed"].nunique())
+
+    def phrase(r) -> str:
+        at = f" at ℓ = {int(r.depth)}" if np.isfinite(r.depth) else ""
+        return f"{r.measurement}{at}: {r.measured} (an ensemble: {r.ensemble})"
+
+    groups = {k: rows[rows["reading"] == k] for k in READINGS}
+    parts.append(f"**Which measurements tell the compositional control from an ensemble** (untied members, means over "
+                 f"{n} replicate{'s' if n != 1 else ''} with 95 % t intervals, each at the deepest untied depth that has "
+                 "it; an edit's cost is the rise of the next-leaf loss, or of the root error; what an ensemble gives, in "
+                 "parentheses, is chapter 5's prediction 3 for moving blocks, chapter 3's rule for θ(Δh) and the "
+                 "long-lag cosine, and the paper's own readings for the 'evenly' cluster and α_θ).")
+    parts.append("**Separate it** (outside what an ensemble predicts): "
+                 + ("; ".join(phrase(r) for r in groups["separates"].itertuples()) or "none") + ".")
+    parts.append("**Read it as an ensemble:** "
+                 + ("; ".join(phrase(r) for r in groups["reads as an ensemble"].itertuples()) or "none") + ".")
+    parts.append("**Undecided:** " + ("; ".join(f"{phrase(r)} — {r.reason}" for r in groups["undecided"].itertuples())
+                                     or "none") + ".")
+    rows = rows.assign(short=rows["key"].map(SHORT))
+    edits = rows[rows["key"].isin(EDIT_KEYS)]
+    signs = rows[~rows["key"].isin(EDIT_KEYS)]
+    sep = list(edits.loc[edits["reading"] == "separates", "short"])
+    ens = list(edits.loc[edits["reading"] == "reads as an ensemble", "short"])
+    blind = list(signs.loc[signs["reading"] == "reads as an ensemble", "short"])
+    tell = list(signs.loc[signs["reading"] == "separates", "short"])
+    if sep and not ens:
+        parts.append("**So:** by chapter 5's edits that decide (" + ", ".join(sep) + ") the untied members are "
+                     "not an ensemble; a hidden-state signature that reads them as one cannot tell composition from "
+                     "averaging here (" + (", ".join(blind) or "none does") + "), one that separates them can ("
+                     + (", ".join(tell) or "none does") + ").")
+    elif sep and ens:
+        parts.append("**So:** the edits disagree (separating: " + ", ".join(sep) + "; reading an ensemble: "
+                     + ", ".join(ens) + "), so which signatures are blind to composition stays undecided.")
+    elif ens:
+        parts.append("**So:** by the edits that decide (" + ", ".join(ens) + ") the untied members read as an "
+                     "ensemble here and no edit separates them: this run's control does not compose by the edits, so it "
+                     "cannot show which measurement would tell a compositional network from an ensemble.")
+    else:
+        parts.append("**So:** no edit decides here, so which signatures are blind to composition stays undecided.")
     return " ".join(parts)

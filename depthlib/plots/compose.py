@@ -317,6 +317,42 @@ def hierarchy_slopes(slopes: pd.DataFrame, quantity: str, L: int) -> go.Figure:
     return fig
 
 
+HIERARCHY_EDIT_STYLE = {"delete": ("solid", "circle", "delete one middle block"),
+                        "swap": ("dash", "diamond", "swap two middle neighbours"),
+                        "permute": ("dot", "square", "permute the middle")}
+HIERARCHY_EDIT_AXES = {"leaf": "Δ next-leaf loss (nats/leaf)", "root": "Δ root error (fraction of probe sequences)"}
+
+
+def hierarchy_edits(costs: pd.DataFrame, task: str, L: int) -> go.Figure:
+    """Chapter 5's edits on the hierarchy control for one task (``costs``: :func:`depthlib.compose.hierarchy_views.
+    edit_costs`): the cost of deleting one middle block (solid), swapping two middle neighbours (dashed) and a random
+    order of the middle (dotted) against effective depth, one colour per family, mean over replicates with 95 % t
+    intervals (each nudged a few % of ℓ sideways so that they do not cover each other); zero and the grammar's depth L
+    marked. An ensemble's moves cost less than its deletions (chapter 5); an assembly line's cost more."""
+    c = costs[costs["task"] == task]
+    fig = plots.new_figure(f"Chapter 5's edits on the hierarchy control ({'next leaf' if task == 'leaf' else 'root'}): "
+                           "moving blocks against deleting one", "effective depth ℓ (block applications)",
+                           HIERARCHY_EDIT_AXES[task], log_x=True)
+    for (family, edit), g in c.groupby(["family", "edit"], sort=False):
+        g = g.dropna(subset=["value"]).sort_values("depth")
+        if g.empty:
+            continue
+        dash, symbol, label = HIERARCHY_EDIT_STYLE.get(edit, ("solid", "circle", edit))
+        # nudged sideways (a few % of ℓ, by edit and family) so that the intervals at one depth do not cover each other
+        nudge = 1 + 0.03 * (list(HIERARCHY_EDIT_STYLE).index(edit) - 1 if edit in HIERARCHY_EDIT_STYLE else 0) \
+            + 0.01 * (list(FAMILY_COLORS).index(family) - 1 if family in FAMILY_COLORS else 0)
+        fig.add_trace(go.Scatter(x=g["depth"] * nudge, y=g["value"], mode="lines+markers",
+                                 error_y=_errors(g, "value", "lo", "hi"),
+                                 line=dict(color=FAMILY_COLORS.get(family), dash=dash),
+                                 marker=dict(size=9, symbol=symbol),
+                                 name=f"{FAMILY_NAMES.get(family, family)}: {label}"))
+    fig.add_hline(y=0, line=dict(color="#666", width=1))
+    _mark_depth(fig, L, f"grammar depth L = {L}")
+    if len(c):
+        fig.update_xaxes(**plots.log_ticks(c["depth"]))
+    return fig
+
+
 # ---- the families on chapter 6's text at its certified budget (:mod:`depthlib.compose.text_certified_views`) -------
 def text_certified_losses(losses: pd.DataFrame) -> go.Figure:
     """Each member's held-out loss at the end of its final stage against effective depth, one line per family (one
