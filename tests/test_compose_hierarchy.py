@@ -653,3 +653,22 @@ def test_moves_that_cost_as_much_as_deletions_are_undecided_and_an_ensembles_del
     one = hv.separation_rows(_diag_source(10.0, lambda d: 0.05, seeds=(0,)))
     assert (one["reading"] == "undecided").all()
     assert "no edit decides here" in hv.diagnostics_text(_diag_source(10.0, lambda d: 0.05, seeds=(0,)))
+
+
+def test_the_verdict_reads_each_exponent_claim_from_the_control(smoke_run):
+    """The book's verdict rows ``hierarchical`` and ``looped`` come from the unseen control when it is shown: one
+    measurement per task and family, no value where the fit is not shown (undecided, with the reason), and certified
+    only where every member it rests on is."""
+    import numpy as np
+
+    from depthlib.compose import hierarchy_views as hv
+    ms = hv.measurements(smoke_run)
+    assert [(m["task"], m["family"]) for m in ms["hierarchical"]] == [("leaf", "untied"), ("root", "untied")]
+    assert {m["family"] for m in ms["looped"]} <= {"looped", "tied"} and all(m["task"] == "leaf" for m in ms["looped"])
+    stability = smoke_run.table("fit_stability").set_index(["quantity", "family"])
+    members = smoke_run.table("members")
+    for m in ms["hierarchical"] + ms["looped"]:
+        shown = bool(stability.loc[(m["quantity"], m["family"]), "shown"])
+        assert np.isfinite(m["value"]) == shown and (shown or "no exponent" in m["note"])
+        mine = members[(members["task"] == m["task"]) & (members["family"] == m["family"])]
+        assert m["certified"] == (shown and bool(mine["certified"].all()))

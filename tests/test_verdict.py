@@ -231,7 +231,8 @@ def test_chapter3_prefers_a_certified_run_and_an_uncertified_student_decides_not
 def test_looking_up_a_chapters_runs_computes_nothing(roots, monkeypatch):
     """With no run anywhere, every chapter's shown parts look up as None and nothing is computed or opened (chapter
     3's calibration part, whose missing runs go to an executor, asks :func:`selection.looking_up` first)."""
-    from depthlib import interventions, probes
+    from depthlib import interventions
+    from depthlib.probes import chapter as probes
     for module in (probes, interventions):          # the offline models' fingerprints, without converting them
         monkeypatch.setattr(module, "model_fingerprint", lambda model: f"test:{model}")
     _, local = roots

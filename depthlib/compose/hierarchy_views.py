@@ -44,7 +44,7 @@ from depthlib.compose.analysis import mean_interval
 __all__ = ["BREAK_MARGIN", "DELETE_EDGE", "EDITS", "EDIT_KEYS", "EDIT_UNITS", "FAR_BELOW", "READINGS", "SHORT", "STATUSES",
            "answer", "baseline_table", "certification_table", "diagnostic_numbers", "diagnostics_table",
            "diagnostics_text", "edit_costs", "edits_table", "exponent_table", "gains_table", "lag_profiles",
-           "layer_profiles", "loss_table", "round_table", "separation_rows", "settings_table", "slope_change_table",
+           "layer_profiles", "loss_table", "measurements", "round_table", "separation_rows", "settings_table", "slope_change_table",
            "verdict_rows", "verdict_table", "zero_error_depths"]
 
 STATUSES = ("holds", "contradicted", "undecided")
@@ -484,6 +484,40 @@ def verdict_rows(source) -> pd.DataFrame:
                                        "(Ours) On the unseen grammar's root classification, untied depth still "
                                        "averages: α_ℓ of the error below 2"),
                          _break_row(source, "leaf"), _break_row(source, "root")])
+
+
+#: the book verdict's exponent claims (:data:`depthlib.claims.CLAIMS`) this part measures: claim → (task, families)
+VERDICT_EXPONENTS = {"hierarchical": (("leaf", ("untied",)), ("root", ("untied",))),
+                     "looped": (("leaf", ("looped", "tied")),)}
+
+
+def measurements(source) -> dict[str, list[dict]]:
+    """What the book's verdict reads from this part (claim → one dict per task and family, :data:`VERDICT_EXPONENTS`):
+    α_ℓ of the task's certified quantity over every effective depth with its 95 % t interval over replicates where
+    the fit is shown (else no value, NaN, and why: a run that gives no exponent it can stand behind leaves the claim
+    undecided, not untested), and whether every member it rests on is certified."""
+    s = _table(source, "fit_stability")
+    out: dict[str, list[dict]] = {}
+    for claim, wanted in VERDICT_EXPONENTS.items():
+        for task, families in wanted:
+            quantity = TASK_QUANTITY[task]
+            for family in families:
+                row = s[(s["quantity"] == quantity) & (s["family"] == family)]
+                if row.empty:
+                    continue
+                r = row.iloc[0]
+                mine = _members(source).query("task == @task and family == @family")
+                open_ = _open(source, task, family)
+                shown = bool(r["shown"]) and np.isfinite(r["alpha"])
+                note = (f"95 % t interval over replicates; {len(mine) - len(open_)} of {len(mine)} members certified"
+                        if shown else f"no exponent ({r['why_not']}); {len(mine) - len(open_)} of {len(mine)} "
+                        "members certified")
+                out.setdefault(claim, []).append({
+                    "family": family, "task": task, "quantity": quantity,
+                    "depths": ", ".join(str(int(d)) for d in sorted(mine["depth"].unique())),
+                    "value": float(r["alpha"]) if shown else np.nan, "lo": float(r["lo"]) if shown else np.nan,
+                    "hi": float(r["hi"]) if shown else np.nan, "certified": shown and open_.empty, "note": note})
+    return out
 
 
 def verdict_table(source) -> pd.DataFrame:
