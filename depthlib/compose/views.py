@@ -430,12 +430,21 @@ blocks, chapter 3's over the middle ones)."""
 
 
 # ---- what the chapter can and cannot say, and its conclusion --------------------------------------------------------
-def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untied: results.Run) -> str:
+def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untied: results.Run,
+                certified_text: results.Run | None = None) -> str:
     """What this chapter can and cannot say, and what was not done (Markdown list): replicates, the grammar's size, the
-    models' width and parameters, sequences per member, the text part's budget, the toy part's budget beside chapter
-    3's (``untied``) and what the `paper` profile (defined, not run) would train."""
-    from depthlib.compose.chapter import PROFILES
+    models' width and parameters, sequences per member, the text parts' budgets (``certified_text``: the part at
+    chapter 6's certified budget, when shown), the toy part's budget beside chapter 3's (``untied``) and what the
+    `paper` profile (defined, not run) would train."""
+    from depthlib.compose.chapter import PROFILES, describe_text_certified
     info, xinfo, tinfo = _describe(run), _describe(text_run), _describe(toy)
+    certified = ""
+    if certified_text is not None:
+        c = describe_text_certified(certified_text)
+        certified = (f" At chapter 6's certified budget (one seed, width {c['d_model']}, "
+                     f"{c['tokens_per_member'] / 1e6:.2f} M tokens a member before continuations, effective depths to "
+                     f"{max(max(d) for d in c['depths'].values())}) the intervals are again over held-out documents, "
+                     "and a member not certified after its continuations is reported as such.")
     losses = analysis.loss_table(run)
     paper = PROFILES["paper"].run
     return f"""
@@ -451,7 +460,7 @@ def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untie
 * **On text**, one seed per member at width {xinfo['d_model']} and {xinfo['tokens_per_member']:,} tokens: the intervals
   are over the held-out documents, not over retrained members; the depths reach
   {max(max(d) for d in xinfo['depths'].values())}; and the members are step-limited (still gaining while their rate
-  decayed), so the text part cannot say what reusing depth does to the converged law.
+  decayed), so the text part cannot say what reusing depth does to the converged law.{certified}
 * **Not done (cut for the budget):** classification of the root, and deeper grammars (no number in this book); more
   than one seed on text. The looped toy students were run with {tinfo['replicates']} replicates and depths
   {', '.join(map(str, tinfo['depths']))} (chapter 3's untied students: {untied.config['cells'][0][2]} replicates,
@@ -648,8 +657,8 @@ decreasing law fits them. At equal parameters reuse does not help either: the lo
 {side('tied', deep['tied'], 'same parameters')} than the one-block model ({xdiff('tied', deep['tied'], 'same parameters')}).
 Every member was still gaining while its learning rate decayed, so what these numbers show is that, with
 {xinfo['steps']:,} steps, a deeper reused block is harder to train — not what it could reach. Answering the question on
-text needs members trained to their floor: many more steps and tokens per member than a 2-core machine affords (the
-`paper` profile's text part). The text run took {xinfo['wall_time_s'] / 60:.0f} min of wall time, two members at a time
+text needs members trained to their floor: the families at chapter 6's certified budget (the next paragraph) and,
+beyond a 2-core machine, the `paper` profile's text part. The text run took {xinfo['wall_time_s'] / 60:.0f} min of wall time, two members at a time
 on a machine shared with other runs.
 """
 
@@ -659,6 +668,12 @@ on a machine shared with other runs.
 ANSWER_ROWS = {"hierarchical": "a hierarchical target (untied blocks on the random hierarchy model)",
                "looped": "reusing depth on that target (a looped core, or one tied block)",
                "looped_text": "reusing depth on chapter 6's text"}
+
+
+#: the chapter's certified parts, and what each would decide, while its run is not yet shown
+CERTIFIED_PARTS = {"hierarchy": "the unseen, deeper grammar trained to certificates (`depthlib compose --part hierarchy`)",
+                   "text_certified": "the families on text at chapter 6's certified budget (`depthlib compose --part "
+                                     "text_certified`)"}
 
 
 def answer(rows) -> str:
@@ -684,8 +699,12 @@ def answer(rows) -> str:
         parts.append(f"For {ANSWER_ROWS[key]}, α_ℓ over effective depth is {numbers} (the claim: below 2) — "
                      f"**{row.status}**{why}.")
     if len(decided) < len(shown):
+        from depthlib.compose.chapter import SHOWN_PARTS
+        pending = [text for part, text in CERTIFIED_PARTS.items() if part not in SHOWN_PARTS]
         parts.append("An exponent decides only when its members are certified by chapter 3's continuation rule (a "
-                     "re-warmed continuation gains less than 2 %); the certified parts of this chapter (`depthlib "
-                     "compose --part hierarchy`: an unseen, deeper grammar; `--part text_certified`: chapter 6's "
-                     "certified budget) are what would decide these rows.")
+                     "re-warmed continuation gains less than 2 %)"
+                     + ("; " + " and ".join(pending) + (" are" if len(pending) > 1 else " is")
+                        + " what would decide them."
+                        if pending else "; deciding these rows needs more training than this profile affords: the "
+                        "`paper` profile (a GPU)."))
     return " ".join(parts)
