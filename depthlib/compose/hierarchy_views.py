@@ -41,11 +41,11 @@ from depthlib import claims
 from depthlib.compose import analysis
 from depthlib.compose.analysis import mean_interval
 
-__all__ = ["BREAK_MARGIN", "DELETE_EDGE", "EDITS", "EDIT_KEYS", "EDIT_UNITS", "FAR_BELOW", "READINGS", "SHORT", "STATUSES",
-           "answer", "baseline_table", "certification_table", "diagnostic_numbers", "diagnostics_table",
+__all__ = ["BREAK_MARGIN", "DELETE_EDGE", "EDITS", "EDIT_KEYS", "EDIT_UNITS", "FAR_BELOW", "READINGS", "SHORT",
+           "STATUSES", "answer", "baseline_table", "certification_table", "diagnostic_numbers", "diagnostics_table",
            "diagnostics_text", "edit_costs", "edits_table", "exponent_table", "gains_table", "lag_profiles",
-           "layer_profiles", "loss_table", "measurements", "round_table", "separation_rows", "settings_table", "slope_change_table",
-           "verdict_rows", "verdict_table", "zero_error_depths"]
+           "layer_profiles", "loss_table", "measurements", "round_table", "separation_rows", "settings_table",
+           "slope_change_table", "verdict_rows", "verdict_table", "zero_error_depths"]
 
 STATUSES = ("holds", "contradicted", "undecided")
 #: "far above": the best n-gram's excess must be at least this many times the deepest untied member's

@@ -658,8 +658,8 @@ decreasing law fits them. At equal parameters reuse does not help either: the lo
 Every member was still gaining while its learning rate decayed, so what these numbers show is that, with
 {xinfo['steps']:,} steps, a deeper reused block is harder to train — not what it could reach. Answering the question on
 text needs members trained to their floor: the families at chapter 6's certified budget (the next paragraph) and,
-beyond a 2-core machine, the `paper` profile's text part. The text run took {xinfo['wall_time_s'] / 60:.0f} min of wall time, two members at a time
-on a machine shared with other runs.
+beyond a 2-core machine, the `paper` profile's text part. The text run took {xinfo['wall_time_s'] / 60:.0f} min of wall
+time, two members at a time on a machine shared with other runs.
 """
 
 
@@ -671,7 +671,8 @@ ANSWER_ROWS = {"hierarchical": "a hierarchical target (untied blocks on the rand
 
 
 #: the chapter's certified parts, and what each would decide, while its run is not yet shown
-CERTIFIED_PARTS = {"hierarchy": "the unseen, deeper grammar trained to certificates (`depthlib compose --part hierarchy`)",
+CERTIFIED_PARTS = {"hierarchy": "the unseen, deeper grammar trained to certificates (`depthlib compose --part "
+                                "hierarchy`)",
                    "text_certified": "the families on text at chapter 6's certified budget (`depthlib compose --part "
                                      "text_certified`)"}
 

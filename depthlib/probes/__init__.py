@@ -35,4 +35,7 @@ from depthlib.probes.chapter import (
 )
 from depthlib.probes.stream import ProbeConfig, ProbeResult, probe_documents, summarize
 
-__all__ = ["CODE", "EXPERIMENT_PREFIX", "PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "SHARD_EXPERIMENT", "TABLES", "chapter_runs", "depth_table", "experiment_name", "load_result", "open_probe_run", "probe_documents", "probe_key", "replay", "run_probe", "sensitivity_runs", "sensitivity_table", "summarize"]
+__all__ = ["CODE", "EXPERIMENT_PREFIX", "PROFILES", "ProbeConfig", "ProbeProfile", "ProbeResult", "SHARD_EXPERIMENT",
+           "TABLES", "chapter_runs", "depth_table", "experiment_name", "load_result", "open_probe_run",
+           "probe_documents", "probe_key", "replay", "run_probe", "sensitivity_runs", "sensitivity_table",
+           "summarize"]
