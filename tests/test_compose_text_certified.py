@@ -135,7 +135,27 @@ def _tables(tied_hi=1.6, drop_tied=(1.1, 1.5), certified=True):
                             for d in ds])
     diff = pd.DataFrame([{"family": "tied", "depths": "1, 2, 3", "alpha": 1.3, "alpha_untied": 0.9, "value": 0.4,
                           "lo": 0.1, "hi": 0.7}])
-    return {"fit": fit, "sensitivity": sens, "members": members, "difference": diff}
+    # held-out documents: a member's loss is 4 − 0.1·(depth − 1) for untied, flat at 3.9 for the reused families
+    # beyond their shallowest; document k adds k/100 for every member (differences are the same on every resample)
+    def loss(f, d):
+        return 4.0 - 0.1 * (d - 1) if f == "untied" or d == min(ds[f]) else 3.9
+    ds = {"untied": (1, 2, 3), "tied": (1, 2, 3), "looped": (3, 4, 6)}
+    docs = pd.DataFrame([{"family": f, "depth": d, "seed": 0, "doc_id": f"doc{k}", "n_tokens": 100,
+                          "nll_sum": 100 * (loss(f, d) + k / 100)} for f in ds for d in ds[f] for k in range(4)])
+    return {"fit": fit, "sensitivity": sens, "members": members, "difference": diff, "final_docs": docs}
+
+
+def test_what_more_applications_buy_is_a_paired_difference_over_documents():
+    import numpy as np
+
+    from depthlib.compose import text_certified_views as v
+    c = v.loss_changes(_tables(), n_resamples=50).set_index(["family", "depth", "against"])
+    # untied 1 → 3: −0.2 on every resample; tied 3 (3.9) against untied 3 (3.8): +0.1; looped 6 against looped 3 (3.8)
+    for key, want in {("untied", 3, "shallowest"): -0.2, ("tied", 3, "untied"): 0.1, ("tied", 3, "shallowest"): -0.1,
+                      ("looped", 6, "shallowest"): 0.1, ("looped", 3, "untied"): 0.0}.items():
+        assert np.allclose(c.loc[key, ["value", "lo", "hi"]].to_numpy(float), want), key
+    assert ("untied", 1, "shallowest") not in c.index and ("untied", 2, "untied") not in c.index
+    assert "tied (ℓ = 1 → 3) -0.100 [-0.100, -0.100]" in v.answer(_tables())
 
 
 def test_views_show_an_exponent_only_where_no_bound_and_no_single_depth_decides_it():

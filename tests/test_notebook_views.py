@@ -316,7 +316,10 @@ def test_text_findings_and_conclusion_agree_with_the_paired_differences(compose_
 def test_compose_limits_and_conclusion(compose_runs):
     from depthlib.compose import analysis, chapter, views
     run = compose_runs["rhm"]
-    limits = views.limits_text(run, compose_runs["toy"], compose_runs["text"], compose_runs["untied"])
+    limits = views.limits_text(run, compose_runs["toy"], compose_runs["text"], compose_runs["untied"],
+                               compose_runs["text_certified"])
+    certified = chapter.describe_text_certified(compose_runs["text_certified"])
+    assert f"{certified['tokens_per_member'] / 1e6:.2f} M tokens a member" in limits
     paper = chapter.PROFILES["paper"].run
     assert f"({paper.grammar.v}, {paper.grammar.m}, {paper.grammar.s}, {paper.grammar.L})" in limits
     assert f"at most {analysis.loss_table(run).n_params.max():,} parameters" in limits

@@ -22,8 +22,8 @@ import pandas as pd
 
 from depthlib.lm import fit
 
-__all__ = ["answer", "difference_display", "difference_table", "exponent_display", "exponent_table", "loss_table",
-           "measurements", "member_display", "settings_table"]
+__all__ = ["answer", "difference_display", "difference_table", "exponent_display", "exponent_table", "loss_changes",
+           "loss_table", "measurements", "member_display", "settings_table"]
 
 FAMILY_ORDER = ("untied", "looped", "tied")
 
@@ -49,6 +49,7 @@ def _order(families) -> list[str]:
 def settings_table(source) -> pd.DataFrame:
     """What the part trained, as (setting, value) rows: the families and their effective depths, the seeds, the model,
     the budget and the certificate (all chapter 6's converged series'), and the held-out documents."""
+    from depthlib.compose.model import schedule
     from depthlib.compose.text_certified import TextCertifiedConfig
     config = source.config if hasattr(source, "config") else source["config"]
     c = TextCertifiedConfig.from_dict(config)
@@ -66,6 +67,11 @@ def settings_table(source) -> pd.DataFrame:
             ("certificate", f"continuations of {s.continuation:g} × the steps so far, re-warmed and decayed, until "
                             f"one gains < {100 * s.gain_below:g} % (at most {s.max_continuations})"),
             ("intervals", f"95 % paired bootstrap over {n_docs} held-out documents ({c.n_bootstrap:,} resamples)")]
+    same = [f"{f} ℓ = {int(d)}" for f, d in m[m["family"] != "untied"][["family", "depth"]].drop_duplicates()
+            .itertuples(index=False) if schedule(f, int(d)) == schedule("untied", int(d))]
+    if same:
+        rows.append(("the same model as untied", ", ".join(same) + ": every application has its own block, as in the "
+                     "untied member of that depth"))
     return pd.DataFrame(rows, columns=["setting", "value"])
 
 
@@ -123,6 +129,47 @@ def difference_table(source) -> pd.DataFrame:
     d["reading"] = np.where(d["lo"] > 0, "steeper than untied",
                             np.where(d["hi"] < 0, "shallower than untied", "not resolved from untied"))
     return d
+
+
+def loss_changes(source, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """What more block applications buy, with 95 % paired bootstrap intervals over the held-out documents (every
+    member's held-out loss is the token-weighted mean over the same resampled documents; resample 0 is the data), in
+    nats/token: per family and effective depth, the loss minus the family's own shallowest member's (``against`` =
+    ``"shallowest"``), and for the reused families the loss minus the untied member of the same effective depth
+    (``"untied"``). Columns family, depth, against, reference_depth, value, lo, hi. Negative: lower loss."""
+    docs = _table(source, "final_docs")
+    names = np.sort(docs["doc_id"].unique())
+    cube = {}                                     # (family, depth) → (nll, tokens): (seed, doc)
+    for (family, depth), g in docs.groupby(["family", "depth"]):
+        w = g.pivot(index="seed", columns="doc_id")
+        cube[(family, int(depth))] = (w["nll_sum"][names].to_numpy(float), w["n_tokens"][names].to_numpy(float))
+    draws = np.random.default_rng(seed).integers(0, len(names), size=(n_resamples, len(names)))
+    draws[0] = np.arange(len(names))
+
+    def losses(key) -> np.ndarray:                # (n_resamples,): mean over seeds of the resampled token-mean loss
+        nll, tok = cube[key]
+        return (nll[:, draws].sum(2) / tok[:, draws].sum(2)).mean(0)
+    rows = []
+    for family in _order({f for f, _ in cube}):
+        depths = sorted(d for f, d in cube if f == family)
+        against = [("shallowest", family, depths[0])]
+        for depth in depths:
+            refs = against + ([("untied", "untied", depth)] if family != "untied" and ("untied", depth) in cube
+                              else [])
+            for name, ref_family, ref_depth in refs:
+                if name == "shallowest" and depth == ref_depth:
+                    continue
+                diff = losses((family, depth)) - losses((ref_family, ref_depth))
+                lo, hi = fit.interval(diff)
+                rows.append({"family": family, "depth": depth, "against": name, "reference_depth": ref_depth,
+                             "value": float(diff[0]), "lo": lo, "hi": hi})
+    return pd.DataFrame(rows, columns=["family", "depth", "against", "reference_depth", "value", "lo", "hi"])
+
+
+def _change(c: pd.DataFrame, family: str, against: str, depth: int | None = None) -> str:
+    r = c[(c["family"] == family) & (c["against"] == against)]
+    r = r[r["depth"] == (r["depth"].max() if depth is None else depth)]
+    return "—" if r.empty else f"{r['value'].iloc[0]:+.3f} [{r['lo'].iloc[0]:+.3f}, {r['hi'].iloc[0]:+.3f}]"
 
 
 # ---- the tables as the notebook shows them (readable headers, units, formatted numbers) ------------------------------
@@ -206,6 +253,16 @@ def answer(source) -> str:
     if len(d):
         text += "Against the untied family on the same effective depths: " + "; ".join(
             f"{r.family} {r.value:+.2f} [{r.lo:+.2f}, {r.hi:+.2f}] ({r.reading})" for r in d.itertuples()) + ". "
+    c = loss_changes(source)
+    spans = {f: (int(g["depth"].min()), int(g["depth"].max())) for f, g in m.groupby("family")}
+    text += ("What more applications buy (held-out loss, nats/token, 95 % paired bootstrap over documents): from its "
+             "shallowest to its deepest member " + "; ".join(
+                 f"{f} (ℓ = {spans[f][0]} → {spans[f][1]}) {_change(c, f, 'shallowest')}" for f in _order(spans))
+             + ". ")
+    reused = [f for f in _order(spans) if f != "untied"]
+    if reused and "untied" in spans:
+        text += ("Against the untied member of the same effective depth, at the deepest: " + "; ".join(
+            f"{f} {_change(c, f, 'untied')}" for f in reused) + ". ")
     if certified:
         text += f"All {len(m)} members are certified (a continuation gained < 2 %)."
     else:
