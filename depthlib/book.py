@@ -99,10 +99,10 @@ def _vendor(dest: Path, marker: Path) -> Path:
 
 def notebook_paths(only: list[str] | None = None) -> list[Path]:
     """The chapters' notebooks in the book's order (:data:`depthlib.chapters.CHAPTERS`, a registered chapter's
-    included), or those named in ``only`` (names or stems, a prefix such as ``03`` is enough)."""
+    included), or those named in ``only`` (paths, names or stems, a prefix such as ``03`` is enough)."""
     paths = [c.notebook_path for c in chapters.CHAPTERS]
     if only:
-        wanted = [o.removesuffix(".ipynb") for o in only]
+        wanted = [Path(o).name.removesuffix(".ipynb") for o in only]
         chosen = [p for p in paths if any(p.stem == w or p.stem.startswith(w) for w in wanted)]
         unknown = [w for w in wanted if not any(p.stem == w or p.stem.startswith(w) for p in paths)]
         if unknown:
@@ -664,8 +664,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"{args.branch} is at {commit}" + (f" (pushed to {args.remote})" if args.push else " (not pushed)"))
         return 0
-    for path in refresh_committed(argv[1:] or None):
-        print(path)
+    try:
+        for path in refresh_committed(argv[1:] or None):
+            print(path)
+    except InputError as err:
+        print(f"depthlib book refresh: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

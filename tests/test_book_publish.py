@@ -181,3 +181,11 @@ def test_committed_notebooks_hold_no_machine_paths():
     for path in sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb")):
         meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {}).get("papermill", {})
         assert not {"input_path", "output_path"} & set(meta), path.name
+
+
+def test_refresh_takes_a_notebooks_path_and_refuses_an_unknown_one_in_a_line(capsys):
+    from depthlib import book
+    assert book.notebook_paths(["notebooks/07_compose.ipynb"]) == book.notebook_paths(["07"])
+    assert book.main(["refresh", "notebooks/99_nothing.ipynb"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("depthlib book refresh: error: no notebook named 99_nothing") and len(err.splitlines()) == 1
