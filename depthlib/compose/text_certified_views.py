@@ -204,8 +204,12 @@ def exponent_display(source) -> pd.DataFrame:
 
 def difference_display(source) -> pd.DataFrame:
     """:func:`difference_table` for a reader: each reused family's α_ℓ minus the untied family's on the same effective
-    depths, with its 95 % paired bootstrap interval, and where that interval lies."""
+    depths, with its 95 % paired bootstrap interval, and where that interval lies; without a reused family whose
+    exponent is shown, one row that says so."""
     d = difference_table(source)
+    if d.empty:
+        return pd.DataFrame({"α_ℓ − α_ℓ(untied)": ["no reused family has an exponent that is shown: nothing to compare"]},
+                            index=pd.Index(["looped, tied"], name="family"))
     return pd.DataFrame({"family": d["family"], "effective depths": d["depths"],
                          "α_ℓ − α_ℓ(untied) [95 % paired]": [f"{r.value:+.2f} [{r.lo:+.2f}, {r.hi:+.2f}]"
                                                              for r in d.itertuples()],

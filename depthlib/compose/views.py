@@ -657,7 +657,7 @@ decreasing law fits them. At equal parameters reuse does not help either: the lo
 {side('tied', deep['tied'], 'same parameters')} than the one-block model ({xdiff('tied', deep['tied'], 'same parameters')}).
 Every member was still gaining while its learning rate decayed, so what these numbers show is that, with
 {xinfo['steps']:,} steps, a deeper reused block is harder to train — not what it could reach. Answering the question on
-text needs members trained to their floor: the families at chapter 6's certified budget (the next paragraph) and,
+text needs members trained to their floor: the families at chapter 6's certified budget (their section above) and,
 beyond a 2-core machine, the `paper` profile's text part. The text run took {xinfo['wall_time_s'] / 60:.0f} min of wall
 time, two members at a time on a machine shared with other runs.
 """
