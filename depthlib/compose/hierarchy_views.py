@@ -510,8 +510,8 @@ def measurements(source) -> dict[str, list[dict]]:
                 open_ = _open(source, task, family)
                 shown = bool(r["shown"]) and np.isfinite(r["alpha"])
                 note = (f"95 % t interval over replicates; {len(mine) - len(open_)} of {len(mine)} members certified"
-                        if shown else f"no exponent ({r['why_not']}); {len(mine) - len(open_)} of {len(mine)} "
-                        "members certified")
+                        if shown else f"{len(mine) - len(open_)} of {len(mine)} members certified; no exponent "
+                        f"({r['why_not']})")
                 out.setdefault(claim, []).append({
                     "family": family, "task": task, "quantity": quantity,
                     "depths": ", ".join(str(int(d)) for d in sorted(mine["depth"].unique())),

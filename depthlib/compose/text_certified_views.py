@@ -184,7 +184,8 @@ def member_display(source) -> pd.DataFrame:
                          "parameters": t["n_params"].map("{:,}".format),
                          "held-out loss (nats/token)": t["val_loss"].map("{:.4f}".format),
                          "certified": t["certified"].map({True: "yes", False: "no"}),
-                         "continuation gains": t["gains"].map(gains)}).set_index(["family", "effective depth ℓ"])
+                         "continuation gains (held-out loss lowered)": t["gains"].map(gains)}
+                        ).set_index(["family", "effective depth ℓ"])
 
 
 def exponent_display(source) -> pd.DataFrame:
@@ -229,7 +230,7 @@ def measurements(source) -> list[dict]:
                     "lo": r.lo if r.shown else np.nan, "hi": r.hi if r.shown else np.nan, "depths": r.depths,
                     "certified": bool(r.shown and r.n_certified == r.n_members),
                     "note": (f"95 % paired bootstrap over held-out documents; {certified}" if r.shown
-                             else f"{r.family}: no exponent ({r.why_not}); {certified}")})
+                             else f"{certified}; {r.family}: no exponent ({r.why_not})")})
     return out
 
 
