@@ -166,9 +166,10 @@ def loss_changes(source, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame
     return pd.DataFrame(rows, columns=["family", "depth", "against", "reference_depth", "value", "lo", "hi"])
 
 
-def _change(c: pd.DataFrame, family: str, against: str, depth: int | None = None) -> str:
+def _change(c: pd.DataFrame, family: str, against: str) -> str:
+    """``family``'s deepest member's row of :func:`loss_changes` against ``against``, as "value [lo, hi]"."""
     r = c[(c["family"] == family) & (c["against"] == against)]
-    r = r[r["depth"] == (r["depth"].max() if depth is None else depth)]
+    r = r[r["depth"] == r["depth"].max()]
     return "—" if r.empty else f"{r['value'].iloc[0]:+.3f} [{r['lo'].iloc[0]:+.3f}, {r['hi'].iloc[0]:+.3f}]"
 
 

@@ -431,13 +431,16 @@ blocks, chapter 3's over the middle ones)."""
 
 # ---- what the chapter can and cannot say, and its conclusion --------------------------------------------------------
 def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untied: results.Run,
-                certified_text: results.Run | None = None) -> str:
+                certified_text: results.Run | None = None, hierarchy: results.Run | None = None) -> str:
     """What this chapter can and cannot say, and what was not done (Markdown list): replicates, the grammar's size, the
     models' width and parameters, sequences per member, the text parts' budgets (``certified_text``: the part at
-    chapter 6's certified budget, when shown), the toy part's budget beside chapter 3's (``untied``) and what the
-    `paper` profile (defined, not run) would train."""
+    chapter 6's certified budget, when shown), the toy part's budget beside chapter 3's (``untied``), whether the root
+    task and a deeper grammar were run (``hierarchy``: the unseen control, when shown) and what the `paper` profile
+    (defined, not run) would train."""
     from depthlib.compose.chapter import PROFILES, describe_text_certified
     info, xinfo, tinfo = _describe(run), _describe(text_run), _describe(toy)
+    not_done = ("a grammar deeper than the unseen control's (its root task is there, above)" if hierarchy is not None
+                else "classification of the root, and deeper grammars (no number in this book)")
     certified = ""
     if certified_text is not None:
         c = describe_text_certified(certified_text)
@@ -461,8 +464,8 @@ def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untie
   are over the held-out documents, not over retrained members; the depths reach
   {max(max(d) for d in xinfo['depths'].values())}; and the members are step-limited (still gaining while their rate
   decayed), so the text part cannot say what reusing depth does to the converged law.{certified}
-* **Not done (cut for the budget):** classification of the root, and deeper grammars (no number in this book); more
-  than one seed on text. The looped toy students were run with {tinfo['replicates']} replicates and depths
+* **Not done (cut for the budget):** {not_done}; more than one seed on text. The looped toy students were run with
+  {tinfo['replicates']} replicates and depths
   {', '.join(map(str, tinfo['depths']))} (chapter 3's untied students: {untied.config['cells'][0][2]} replicates,
   depths {', '.join(map(str, untied.config['depths']))}), {tinfo['steps'][max(tinfo['depths'])]:,} steps at the deepest
   (chapter 3's run: {untied.config['steps_deepest']:,}) and {tinfo['continuations']} continuation rounds (chapter 3's:
