@@ -78,17 +78,20 @@ def _members(source) -> pd.DataFrame:
     return m
 
 
-def _iv(v: float, lo: float, hi: float, digits: int = 2) -> str:
+def _iv(v: float, lo: float, hi: float, digits: int = 2, *, pct: bool = False, sig: bool = False) -> str:
+    """"v [lo, hi]", "v" without an interval, "—" without a value; ``pct``: a share in % (interval clipped to
+    [0, 1]); ``sig``: three significant digits."""
     if not np.isfinite(v):
         return "—"
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"{v:.{digits}f}"
-    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    if pct:
+        lo, hi = max(lo, 0.0), min(hi, 1.0)
+    f = ((lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.3g}") if sig else (lambda x: f"{x:.{digits}f}"))
+    return f"{f(v)} [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else f(v)
 
 
 def _num(v: float) -> str:
     """A small loss or error to three significant digits."""
-    return "—" if not np.isfinite(v) else f"{v:.3g}"
+    return _iv(v, np.nan, np.nan, sig=True)
 
 
 def _gain_range(g: pd.Series) -> str:
@@ -669,19 +672,8 @@ def lag_profiles(source) -> pd.DataFrame:
     return analysis.lag_profiles(_TaskTables(source, "leaf"))
 
 
-def _fmt(v: float, lo: float, hi: float, *, digits: int = 2, pct: bool = False, sig: bool = False) -> str:
-    """"v [lo, hi]", "v" without an interval, "—" without a value; ``pct``: a share in % (interval clipped to
-    [0, 1]); ``sig``: three significant digits."""
-    if not np.isfinite(v):
-        return "—"
-    if pct:
-        lo, hi = max(lo, 0.0), min(hi, 1.0)
-    f = ((lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.3g}") if sig else (lambda x: f"{x:.{digits}f}"))
-    return f"{f(v)} [{f(lo)}, {f(hi)}]" if np.isfinite(lo) and np.isfinite(hi) else f(v)
-
-
 def _col(r, col: str, **kw) -> str:
-    return _fmt(r.get(col, np.nan), r.get(f"{col}_lo", np.nan), r.get(f"{col}_hi", np.nan), **kw)
+    return _iv(r.get(col, np.nan), r.get(f"{col}_lo", np.nan), r.get(f"{col}_hi", np.nan), **kw)
 
 
 def diagnostics_table(source) -> pd.DataFrame:
@@ -787,9 +779,9 @@ def edits_table(source) -> pd.DataFrame:
         if task == "leaf" and (family, depth) in diag.index:
             ratio = _col(diag.loc[(family, depth)], "delete_vs_ensemble", digits=1)
         rows.append({"task": task, "family": family, "effective depth ℓ": int(depth), "cost in": EDIT_UNITS[task],
-                     EDITS["delete"]: _fmt(d["value"], d["lo"], d["hi"], sig=True),
-                     EDITS["swap"]: _fmt(s["value"], s["lo"], s["hi"], sig=True),
-                     EDITS["permute"]: _fmt(p["value"], p["lo"], p["hi"], sig=True),
+                     EDITS["delete"]: _iv(d["value"], d["lo"], d["hi"], sig=True),
+                     EDITS["swap"]: _iv(s["value"], s["lo"], s["hi"], sig=True),
+                     EDITS["permute"]: _iv(p["value"], p["lo"], p["hi"], sig=True),
                      "swap against delete": {"above": "swap costs more", "below": "swap costs less",
                                              "overlap": "intervals overlap", "no interval": "no interval"}.get(where, "—"),
                      "deletion ÷ an ensemble's cost": ratio,
@@ -883,7 +875,7 @@ def separation_rows(source) -> pd.DataFrame:
         where, why = _compare(dict(a), dict(b))
         reading = {"above": "separates", "below": "reads as an ensemble"}.get(where, "undecided")
         add(key, what, depth, ensemble,
-            f"{_fmt(a['value'], a['lo'], a['hi'], sig=True)} against {_fmt(b['value'], b['lo'], b['hi'], sig=True)} "
+            f"{_iv(a['value'], a['lo'], a['hi'], sig=True)} against {_iv(b['value'], b['lo'], b['hi'], sig=True)} "
             f"{unit}", a["value"], a["lo"], a["hi"], reading, why)
     specs = (("delete_vs_ensemble", "delete_vs_ensemble", "deletion ÷ an ensemble's cost", (-np.inf, DELETE_EDGE),
               f"≈ 1, below {DELETE_EDGE:g}", "", 1),
@@ -902,9 +894,9 @@ def separation_rows(source) -> pd.DataFrame:
         v, lo, hi = (float(r[c]) for c in (col, f"{col}_lo", f"{col}_hi"))
         if key == "evenly":
             lo, hi = (max(lo, 0.0), min(hi, 1.0)) if np.isfinite(lo) else (lo, hi)
-            measured = _fmt(v, lo, hi, pct=True) + " % of probe tokens"
+            measured = _iv(v, lo, hi, pct=True) + " % of probe tokens"
         else:
-            measured = _fmt(v, lo, hi, digits=digits) + unit
+            measured = _iv(v, lo, hi, digits=digits) + unit
         reading, why = _region(v, lo, hi, region, "the ensemble's region")
         add(key, what, int(r["depth"]), ensemble, measured, v, lo, hi, reading, why)
     a = _theta_exponents(source)
@@ -912,7 +904,7 @@ def separation_rows(source) -> pd.DataFrame:
     reading, why = _region(a["value"], a["lo"], a["hi"], region, "the ensemble's region")
     fitted = len(a["depths"]) >= 2
     add("alpha_theta", "the middle angle's fall with depth α_θ", np.nan, "within 0.5 of 1",
-        (_fmt(a["value"], a["lo"], a["hi"]) + f" over ℓ = {', '.join(map(str, a['depths']))}") if fitted
+        (_iv(a["value"], a["lo"], a["hi"]) + f" over ℓ = {', '.join(map(str, a['depths']))}") if fitted
         else "not measured", a["value"], a["lo"], a["hi"], reading if fitted else "undecided",
         why if fitted else "fewer than two untied depths ≥ 4")
     return pd.DataFrame(rows)
