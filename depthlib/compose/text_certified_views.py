@@ -138,13 +138,11 @@ def loss_changes(source, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame
     ``"shallowest"``), and for the reused families the loss minus the untied member of the same effective depth
     (``"untied"``). Columns family, depth, against, reference_depth, value, lo, hi. Negative: lower loss."""
     docs = _table(source, "final_docs")
-    names = np.sort(docs["doc_id"].unique())
-    cube = {}                                     # (family, depth) → (nll, tokens): (seed, doc)
-    for (family, depth), g in docs.groupby(["family", "depth"]):
-        w = g.pivot(index="seed", columns="doc_id")
-        cube[(family, int(depth))] = (w["nll_sum"][names].to_numpy(float), w["n_tokens"][names].to_numpy(float))
-    draws = np.random.default_rng(seed).integers(0, len(names), size=(n_resamples, len(names)))
-    draws[0] = np.arange(len(names))
+    cube = {}                                     # (family, depth) → (nll, tokens): (seed, doc), documents sorted
+    for family, g in docs.groupby("family"):
+        depths, nll, tokens = fit._cube(g, "nll_sum", "n_tokens")          # chapter 6's paired bootstrap's arrays
+        cube.update({(family, int(d)): (nll[i], tokens[i]) for i, d in enumerate(depths)})
+    draws, _ = fit._resample_index(docs["doc_id"].nunique(), 1, n_resamples, seed)   # resample 0: the documents
 
     def losses(key) -> np.ndarray:                # (n_resamples,): mean over seeds of the resampled token-mean loss
         nll, tok = cube[key]
@@ -152,13 +150,11 @@ def loss_changes(source, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame
     rows = []
     for family in _order({f for f, _ in cube}):
         depths = sorted(d for f, d in cube if f == family)
-        against = [("shallowest", family, depths[0])]
         for depth in depths:
-            refs = against + ([("untied", "untied", depth)] if family != "untied" and ("untied", depth) in cube
-                              else [])
+            refs = [("shallowest", family, depths[0])] if depth != depths[0] else []
+            if family != "untied" and ("untied", depth) in cube:
+                refs.append(("untied", "untied", depth))
             for name, ref_family, ref_depth in refs:
-                if name == "shallowest" and depth == ref_depth:
-                    continue
                 diff = losses((family, depth)) - losses((ref_family, ref_depth))
                 lo, hi = fit.interval(diff)
                 rows.append({"family": family, "depth": depth, "against": name, "reference_depth": ref_depth,
