@@ -137,7 +137,7 @@ def test_sharded_probe_equals_one_pass(probe_setup, kind, cluster):
     import torch
 
     from depthlib import probes
-    from depthlib.probes import chapter as probe_shards
+    from depthlib.probes import chapter as probe_chapter
     model, corpus, cfg = probe_setup
     before = torch.get_num_threads()
     torch.set_num_threads(1)                                # like the shards: fp32 sums differ across thread counts
@@ -150,7 +150,7 @@ def test_sharded_probe_equals_one_pass(probe_setup, kind, cluster):
     import shutil
     shutil.rmtree(one.path)
     ex = executors.ExecutorConfig(kind, jobs=2, threads=1, cluster=cluster)
-    merged = probe_shards.run_sharded(model, corpus, 9, cfg, ex, n_shards=3)
+    merged = probe_chapter.run_sharded(model, corpus, 9, cfg, ex, n_shards=3)
     assert merged.path == one.path and merged.manifest["executor"] == kind and len(merged.manifest["shards"]) == 3
     assert len(tables["tokens"]) == 40 < summary["n_tokens"]                    # the sample had to choose
     for name in ("histograms", "tokens", "docs"):

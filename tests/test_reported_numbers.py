@@ -147,12 +147,12 @@ def test_sharded_toy_sweep_wall_time_covers_its_shards(cache):
 
 def test_sharded_probe_wall_time_covers_its_shards(cache, tmp_path):
     from depthlib.probes import ProbeConfig
-    from depthlib.probes import chapter as probe_shards
+    from depthlib.probes import chapter as probe_chapter
     folder = tiny.save_model(tmp_path / "tiny-llama")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(tiny.TEXTS))
     cfg = ProbeConfig(max_length=16, batch_size=2, lens_tokens_per_doc=2, reservoir_size=40)
-    run = probe_shards.run_sharded(str(folder), str(corpus), 4, cfg, executors.ExecutorConfig("serial", threads=1),
+    run = probe_chapter.run_sharded(str(folder), str(corpus), 4, cfg, executors.ExecutorConfig("serial", threads=1),
                                    n_shards=2)
     m = run.manifest
     assert len(m["shard_wall_time_s"]) == 2 and m["wall_time_s"] >= sum(m["shard_wall_time_s"])
