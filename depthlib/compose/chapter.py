@@ -47,8 +47,8 @@ HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
 TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
 PARTS = ("rhm", "toy", "text", "hierarchy", "text_certified")
-#: The parts the chapter shows by default: ``hierarchy`` joins them once its cpu run is committed
-SHOWN_PARTS = ("rhm", "toy", "text", "text_certified")
+#: The parts the chapter shows by default (every part: each has a committed cpu run)
+SHOWN_PARTS = PARTS
 #: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
 PART_FIELDS = {"rhm": "run", "toy": "toy", "text": "text", "hierarchy": "hierarchy", "text_certified": "text_certified"}
 

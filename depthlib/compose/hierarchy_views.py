@@ -531,74 +531,43 @@ def verdict_table(source) -> pd.DataFrame:
 
 
 # ---- the answer paragraph ------------------------------------------------------------------------------------------
-def _alpha_phrase(s: pd.DataFrame, quantity: str, family: str) -> str:
-    row = s[(s["quantity"] == quantity) & (s["family"] == family)]
-    if row.empty:
-        return f"{family}: no fit"
-    r = row.iloc[0]
-    if not np.isfinite(r["alpha"]):
-        return f"{family}: no exponent ({r['why_not']})"
-    text = (f"{family} {_iv(r['alpha'], r['lo'], r['hi'])}, without ℓ = 1 "
-            f"{_iv(r['alpha_without_1'], r['lo_without_1'], r['hi_without_1'])}, drop-one "
-            + (f"{r['drop_one_min']:.2f}–{r['drop_one_max']:.2f}" if np.isfinite(r["drop_one_min"]) else "—"))
-    return text + ("" if r["shown"] else f" (not shown: {r['why_not']})")
+#: the rows that check the control itself, not a claim about depth
+CONTROL_ROWS = ("unseen", "needs_hierarchy", "certified", "exponent_settled")
 
 
 def answer(source) -> str:
-    """The hierarchy part's answer, one paragraph of Markdown generated from its tables: the exact held-out check, the
-    n-gram baselines against the networks, how many members are certified (with the gains of those that are not),
-    both tasks' exponents with and without ℓ = 1 and their drop-one ranges, how far the untied exponent moved over the
-    last round, whether a change in slope near L is resolved, and which statements the run makes (the rows of
-    :func:`verdict_rows` that hold or are contradicted) and which stay undecided."""
-    rows = verdict_rows(source).set_index("key")
-    cfg, s = _config(source), _table(source, "fit_stability")
+    """The hierarchy part's answer (Markdown) generated from its tables: a lead saying how many of the claims about
+    depth the run decides, whether the control is a positive control (held-out sequences unseen, local statistics
+    far from enough) and how many members are certified; then one bullet per row of :func:`verdict_rows` — the claim,
+    its status, what was measured and, where undecided, why."""
+    rows = verdict_rows(source)
+    by = rows.set_index("key")
     m = _members(source)
-    L = int(cfg["grammar"]["L"])
-    parts = ["*(smoke profile: placeholder numbers.)*"] if cfg.get("profile") == "smoke" else []
-    st = {k: rows.loc[k, "status"] for k in rows.index}
-    # 1. the control
-    parts.append(f"**The held-out set is unseen ({st['unseen']}):** {rows.loc['unseen', 'measured']}.")
+    parts = ["*(smoke profile: placeholder numbers.)*"] if _config(source).get("profile") == "smoke" else []
+    science = rows[~rows["key"].isin(CONTROL_ROWS)]
+    decided = science[science["status"] != "undecided"]
+    lead = ("Undecided at this budget" if decided.empty else "Decided" if len(decided) == len(science)
+            else f"Partly decided ({len(decided)} of {len(science)} claims about depth)")
+    sound = all(by.loc[k, "status"] == "holds" for k in ("unseen", "needs_hierarchy"))
     b = _baseline(source)
-    best = b["best"]
-    nets = "; ".join(f"{r.source} {_num(r.excess)} [{_num(r.lo)}, {_num(r.hi)}]"
-                     for r in baseline_table(source).itertuples() if not r.source.startswith("n-gram"))
-    parts.append(f"**Local statistics do not solve it ({st['needs_hierarchy']}):** the best position-specific n-gram "
-                 f"({int(best['context'])} previous leaves, on {int(best['n_train']):,} sequences) leaves "
-                 f"{_num(best['excess'])} nats/leaf over the Bayes loss; the deepest members leave {nets} (ratio of "
-                 f"the table to the {b['family']} member {b['ratio']:.1f} [{b['ratio_lo']:.1f}, "
-                 f"{b['ratio_hi']:.1f}]).")
-    # 2. the certificate
-    parts.append(f"**{int(m['certified'].astype(bool).sum())} of {len(m)} members are certified** "
-                 f"({rows.loc['certified', 'measured']}).")
-    # 3. exponents, both tasks
-    for task, quantity in (("leaf", "leaf excess"), ("root", "root error"), ("root", "root cross-entropy")):
-        if quantity not in set(s["quantity"]):
-            continue
-        fams = [f for f in ("untied", "looped", "tied") if f in set(s.loc[s["quantity"] == quantity, "family"])]
-        label = {"leaf excess": "Next-leaf excess", "root error": "Root error",
-                 "root cross-entropy": "Root cross-entropy (reported, not certified: below zero errors it measures "
-                                       "confidence)"}[quantity]
-        parts.append(f"{label}: α_ℓ = " + "; ".join(_alpha_phrase(s, quantity, f) for f in fams) + ".")
+    control = (f"The control is a positive control: no held-out sequence occurs in training, and the best n-gram "
+               f"table leaves {b['ratio']:.1f} [{b['ratio_lo']:.1f}, {b['ratio_hi']:.1f}] times the excess of the "
+               f"deepest {b['family']} member." if sound else
+               "The control is not yet a positive control (see its first two rows below).")
+    counts = ", ".join(f"{task} {int(g['certified'].astype(bool).sum())} of {len(g)}"
+                       for task, g in m.groupby("task", sort=False))
+    consequence = (", so every exponent and change in slope below is undecided, however narrow its interval."
+                   if decided.empty and not m["certified"].astype(bool).all() else ".")
+    parts.append(f"**{lead}.** {control} **{int(m['certified'].astype(bool).sum())} of {len(m)} members are "
+                 f"certified** ({counts}){consequence}")
+    lines = [f"* {r.claim} — **{r.status}**: {r.measured}"
+             + (f" ({r.reason})." if r.status == "undecided" and r.reason not in r.measured else ".")
+             for r in rows.itertuples()]
     zero = {f: d for f, d in zero_error_depths(source).items() if d is not None}
     if zero:
-        parts.append("No held-out root error at all from " + ", ".join(f"ℓ = {d} ({f})" for f, d in zero.items())
-                     + " on.")
-    parts.append(f"**Does the exponent still move? ({st['exponent_settled']})** "
-                 f"{rows.loc['exponent_settled', 'measured']}.")
-    # 4. the change in slope near L
-    brk = rows.loc["leaf_break"]
-    parts.append(f"**A change in slope near L = {L}** (untied next leaf): {brk['measured']} — "
-                 + {"holds": "resolved, with its break near L.",
-                    "contradicted": f"ruled out at this depth range ({brk['reason']}).",
-                    "undecided": f"undecided ({brk['reason']})."}[brk["status"]])
-    # 5. what the run can say
-    decided = [f"{rows.loc[k, 'claim']} — **{rows.loc[k, 'status']}**" for k in rows.index
-               if rows.loc[k, "status"] != "undecided"]
-    open_ = [f"{rows.loc[k, 'claim']} ({rows.loc[k, 'reason']})" for k in rows.index
-             if rows.loc[k, "status"] == "undecided"]
-    parts.append("**What this run can say:** " + ("; ".join(decided) if decided else "nothing decided") + ". "
-                 + ("**Undecided:** " + "; ".join(open_) + "." if open_ else "Nothing stays undecided."))
-    return " ".join(parts)
+        lines.append("* No held-out root error at all from " + ", ".join(f"ℓ = {d} ({f})" for f, d in zero.items())
+                     + " on: the root error has no power law to fit there.")
+    return " ".join(parts) + "\n\n" + "\n".join(lines)
 
 
 # ---- the diagnostics and chapter 5's edits ------------------------------------------------------------------------
@@ -756,8 +725,8 @@ def _compare(a: dict, b: dict) -> tuple[str, str]:
 def edits_table(source) -> pd.DataFrame:
     """Chapter 5's edits where a member made them, per task, family and effective depth ℓ (ℓ ≥ 3: one middle
     application at least): the cost of deleting one middle block, of swapping two middle neighbours and of a random
-    order of the middle (mean over replicates [95 % t interval], in the unit of the column "cost in": next leaf nats per
-    leaf, root the rise of the error as a fraction of the probe sequences, i.e. −Δ accuracy); **swap against delete**:
+    order of the middle (mean over replicates [95 % t interval], in the unit the task's index label names: next leaf nats
+    per leaf, root the rise of the error as a fraction of the probe sequences, i.e. −Δ accuracy); **swap against delete**:
     whether the swap's interval lies wholly above the deletion's (order costs more than a block's absence: an assembly
     line, not an ensemble, whose order only matters through the weak coupling of its members — chapter 5's prediction
     3), wholly below, or overlaps; and for the next leaf **deletion ÷ an ensemble's cost**: the deletion's cost over
@@ -778,7 +747,7 @@ def edits_table(source) -> pd.DataFrame:
         ratio = "—"
         if task == "leaf" and (family, depth) in diag.index:
             ratio = _col(diag.loc[(family, depth)], "delete_vs_ensemble", digits=1)
-        rows.append({"task": task, "family": family, "effective depth ℓ": int(depth), "cost in": EDIT_UNITS[task],
+        rows.append({"task (cost in)": f"{task}: {EDIT_UNITS[task]}", "family": family, "effective depth ℓ": int(depth),
                      EDITS["delete"]: _iv(d["value"], d["lo"], d["hi"], sig=True),
                      EDITS["swap"]: _iv(s["value"], s["lo"], s["hi"], sig=True),
                      EDITS["permute"]: _iv(p["value"], p["lo"], p["hi"], sig=True),
@@ -786,7 +755,7 @@ def edits_table(source) -> pd.DataFrame:
                                              "overlap": "intervals overlap", "no interval": "no interval"}.get(where, "—"),
                      "deletion ÷ an ensemble's cost": ratio,
                      "replicates": int(g["replicates"].max())})
-    return pd.DataFrame(rows).set_index(["task", "family", "effective depth ℓ"])
+    return pd.DataFrame(rows).set_index(["task (cost in)", "family", "effective depth ℓ"])
 
 
 def _region(value: float, lo: float, hi: float, region: tuple[float, float], what: str) -> tuple[str, str]:
