@@ -6,11 +6,12 @@ same machine. The replay is the run's chapter's ``smoke`` profile computed from 
 rerun=True, parts=PARTS)``: every part — also one not shown yet — route and phase of the chapter at reduced size,
 after the smoke runs of the chapters it ``needs``), once with the code of the commit
 before the change (checked out in a temporary git worktree) and once with the current checkout, each in its own
-process and its own empty results cache. Every table of every part must be equal, value for value and type for type
-(columns that measure the machine, not the model — wall times, throughputs, folders — are left out:
+process and its own empty results cache. Every table of every part both sides compute must be equal, value for value
+and type for type (columns that measure the machine, not the model — wall times, throughputs, folders — are left out:
 :data:`VOLATILE`). Then, and only then, a committed run of that chapter that was fresh at the earlier commit is
 re-stamped: its manifest gets the current code modules and fingerprint, and ``restamped_by_replay`` records both
-fingerprints, both commits, the tables compared and the machine.
+fingerprints, both commits, the tables compared and the machine. A part the change retires (computed before, not
+after) is not compared and takes its committed run with it; a run of a part that was not compared is never re-stamped.
 
 ``python -m depthlib.purity --before COMMIT CHAPTER [CHAPTER ...]`` (``--dry-run`` compares without writing).
 """
@@ -83,14 +84,22 @@ def _side(source: Path, chapter: str, out: Path, models: Path | None) -> dict:
     return json.loads((out / "index.json").read_text())
 
 
+def _parts(side: Path) -> set[str]:
+    return {p.name for p in side.iterdir() if p.is_dir()}
+
+
+def retired_and_added(before: Path, after: Path) -> tuple[list[str], list[str]]:
+    """The parts the change removed (computed before, not after) and added (after only): neither is compared, and
+    no committed run of either can be re-stamped (:func:`restamp` re-stamps only runs of the compared parts)."""
+    b, a = _parts(before), _parts(after)
+    return sorted(b - a), sorted(a - b)
+
+
 def compare(before: Path, after: Path) -> list[str]:
-    """Differences between two sides' tables (empty: bit-identical outside :data:`VOLATILE` columns)."""
+    """Differences between two sides' tables, part by part, over the parts both sides computed (empty: bit-identical
+    outside :data:`VOLATILE` columns; a retired or added part is reported by :func:`retired_and_added`)."""
     problems = []
-    parts_b = sorted(p.name for p in before.iterdir() if p.is_dir())
-    parts_a = sorted(p.name for p in after.iterdir() if p.is_dir())
-    if parts_b != parts_a:
-        return [f"parts differ: {parts_b} before, {parts_a} after"]
-    for part in parts_b:
+    for part in sorted(_parts(before) & _parts(after)):
         tables_b = sorted(p.name for p in (before / part).glob("*.parquet"))
         if tables_b != sorted(p.name for p in (after / part).glob("*.parquet")):
             problems.append(f"{part}: the tables differ")
@@ -125,8 +134,10 @@ def replay_chapter(chapter: str, before: str, work: Path) -> dict:
     try:
         t0 = time.perf_counter()
         _side(tree, chapter, work / "before", models)
-        _side(paths.REPO_ROOT, chapter, work / "after", models)
+        index = _side(paths.REPO_ROOT, chapter, work / "after", models)
         problems = compare(work / "before", work / "after")
+        retired, added = retired_and_added(work / "before", work / "after")
+        compared = sorted({index[p]["experiment"] for p in index if p.replace("/", "__") not in added})
         n_tables, n_rows = _count(work / "after")
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=paths.REPO_ROOT,
@@ -134,6 +145,7 @@ def replay_chapter(chapter: str, before: str, work: Path) -> dict:
     head, dirty = results.git_state()
     return {"profile": "smoke", "before_commit": sha, "after_commit": head, "after_dirty": dirty,
             "tables": n_tables, "rows": n_rows, "equal": not problems, "differences": problems,
+            "experiments": compared, "retired_parts": retired, "added_parts": added,
             "ignored_columns": VOLATILE.pattern, "machine": results.device_description(),
             "replay_wall_time_s": round(time.perf_counter() - t0, 1),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -156,9 +168,12 @@ def restamp(run: results.Run, replay: dict) -> str:
     m = run.manifest
     if not run.stale:
         return f"fresh      {run.experiment}/{run.key}: already computed by the current code"
-    if not replay["equal"] or not _fresh_at(run, replay["before_commit"]):
-        why = ("the replay differs: " + ", ".join(replay["differences"][:4]) if not replay["equal"]
-               else f"it was not fresh at {replay['before_commit']}")
+    compared = replay.get("experiments")
+    why = ("the replay differs: " + ", ".join(replay["differences"][:4]) if not replay["equal"]
+           else f"it was not fresh at {replay['before_commit']}" if not _fresh_at(run, replay["before_commit"])
+           else "its part was not replayed (retired or added by the change)"
+           if compared is not None and run.experiment not in compared else None)
+    if why is not None:
         return f"recompute  {run.experiment}/{run.key}: {why}"
     modules = list(results.compute_modules(compute_entry(run.experiment)))
     m["restamped_by_replay"] = {**replay, "from_fingerprint": m.get("code_fingerprint"),
@@ -191,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                 replay = replay_chapter(chapter.name, before, Path(tmp))
             print(f"chapter {chapter.name}: smoke replay {'bit-identical' if replay['equal'] else 'DIFFERS'} "
                   f"({replay['tables']} tables, {replay['rows']} rows, {replay['replay_wall_time_s']} s)"
-                  + ("" if replay["equal"] else ": " + ", ".join(replay["differences"][:6])))
+                  + ("" if replay["equal"] else ": " + ", ".join(replay["differences"][:6]))
+                  + "".join(f"; {kind} (not compared): {', '.join(replay[key])}"
+                            for kind, key in (("retired", "retired_parts"), ("added", "added_parts")) if replay[key]))
             for manifest in sorted(root.glob("*/*/manifest.json")) if root is not None else []:
                 run = results.Run.load(manifest.parent)
                 if not chapter.owns(run.experiment):

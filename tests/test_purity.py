@@ -33,6 +33,22 @@ def test_compare_sees_one_ulp_and_ignores_wall_times(tmp_path):
     assert purity.compare(a, e) == ["series: the tables differ"]
 
 
+def test_a_retired_part_is_not_compared_and_its_runs_are_never_restamped(tmp_path, lm_run, monkeypatch):
+    """A change that removes a part: the parts both sides compute are compared; the retired one is reported, and a run
+    whose experiment was not among the compared parts is not re-stamped, however equal the rest."""
+    loss = pd.DataFrame({"loss": [2.5, 3.25]})
+    before = _side(tmp_path / "before", {"curves": loss})
+    (before / "old").mkdir()
+    loss.to_parquet(before / "old" / "curves.parquet")
+    after = _side(tmp_path / "after", {"curves": loss})
+    assert purity.compare(before, after) == [] and purity.retired_and_added(before, after) == (["old"], [])
+    assert purity.retired_and_added(after, before) == ([], ["old"])
+    monkeypatch.setattr(results.Run, "stale", property(lambda self: True))
+    line = purity.restamp(lm_run, {**_replay(True), "experiments": ["compose-rhm"]})
+    assert line.startswith("recompute  lm/") and "not replayed" in line
+    assert purity.restamp(lm_run, {**_replay(True), "experiments": ["lm"]}).startswith("restamped")
+
+
 @pytest.fixture
 def lm_run(tmp_path, monkeypatch):
     """A run of chapter 6's experiment whose recorded fingerprint is the current code's (as at HEAD)."""
