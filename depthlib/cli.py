@@ -804,7 +804,8 @@ def _add_compose(p) -> None:
                         "--depths/--seeds is a custom run")
     g.add_argument("--depths", default=None, metavar="LIST", help="comma-separated effective depths (default: the profile's)")
     g.add_argument("--seeds", default=None, metavar="LIST",
-                   help="comma-separated replicates (rhm and hierarchy parts; default: the profile's)")
+                   help="comma-separated replicates (rhm, hierarchy and text_certified parts; default: the "
+                        "profile's)")
 
 
 def _compose_settings(args) -> tuple[Any, tuple[str, ...] | None]:
@@ -816,9 +817,8 @@ def _compose_settings(args) -> tuple[Any, tuple[str, ...] | None]:
         return resolve_settings(args, _chapter("compose"))
     args.part = args.part or "rhm"
     if args.part == "toy":
-        raise InputError("--families, --depths and --seeds apply to the rhm, text and hierarchy parts, not --part toy")
-    if args.part == "text" and "seeds" in given:
-        raise InputError("--seeds applies to --part rhm and hierarchy (the text part trains one seed)")
+        raise InputError("--families, --depths and --seeds apply to the rhm, hierarchy and text_certified parts, not "
+                         "--part toy")
     if "families" in given:
         families = tuple(f.strip() for f in given["families"].split(",") if f.strip())
         if not families or any(f not in FAMILIES for f in families):
@@ -886,8 +886,8 @@ COMMANDS: dict[str, Command] = {
         help="chapter 7: untied, looped and tied residual transformers on the random hierarchy model and on chapter "
              "6's text, and looped toy students; depth laws and the paper's diagnostics",
         profile_help="smoke: seconds (numbers meaningless); cpu: rhm 3 families, depths 1-8, 3 replicates (under an "
-                     "hour on one core), text 19 members (about an hour on two), toy 36 looped students; paper: "
-                     "larger settings for a GPU machine",
+                     "hour on one core), text at chapter 6's certified budget 12 members (after chapter 6's "
+                     "series), toy 36 looped students; paper: larger settings for a GPU machine",
         add=_add_compose, runs_flags=("families", "depths", "seeds"), single=_cmd_compose, force_single=True,
         settings=_compose_settings, executor=False, device=False, force=True),
 }

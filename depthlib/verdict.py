@@ -334,22 +334,14 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                             run.profile, f"95 % t interval over {r.n_seeds} replicates; members not certified",
                             converged=False)
             out["hierarchical" if r.family == "untied" else "looped"].append(m)
-    text, certified_text = parts.get("text"), parts.get("text_certified")
-    if certified_text is not None:      # the families at chapter 6's certified budget supersede the 2 M-token part
+    certified_text = parts.get("text_certified")
+    if certified_text is not None:      # the families at chapter 6's certified budget
         from depthlib.compose import text_certified_views
         out["looped_text"] = [
             Measurement(f"{m['family']}, effective depths {m['depths']} (text at chapter 6's certified budget; "
                         "L∞ + c·ℓ^−α)", m["value"], m["lo"], m["hi"], certified_text.profile, m["note"],
                         converged=m["certified"])
             for m in text_certified_views.measurements(certified_text)]
-    elif text is not None:
-        # a run whose reused families give no exponent it can show is undecided, with the reason, not untested
-        out["looped_text"] = [
-            Measurement(f"{r.family}, effective depths {r.depths} (text; L∞ + c·ℓ^−α)",
-                        r.alpha if r.shown else math.nan, r.lo, r.hi, text.profile,
-                        ("95 % bootstrap over held-out documents (one seed); members not certified" if r.shown
-                         else f"no exponent: {r.why_not}"), converged=False)
-            for r in analysis.text_alphas(text).itertuples() if r.family != "untied"]
     return out
 
 
@@ -499,6 +491,7 @@ def reductions(profile: str = "cpu") -> list[str]:
     p1, p2, p3, p4, p5, p6, p7 = (c.PROFILES[profile] for c in (c1, c2, c3, c4, c5, c6, c7))
     cal, cal_paper = p3.calibration[0], c3.PROFILES["paper"].calibration[0]
     conv = p3.converged
+    tc = p7.text_certified
     q2 = c2.PROFILES["paper"]
     return [
         f"**1.** Not reduced: the paper's data (245 Chinchilla runs) and objective; {p1.n_bootstrap:,} converged "
@@ -524,8 +517,10 @@ def reductions(profile: str = "cpu") -> list[str]:
         f"**7.** The grammar (v, m, s, L) = ({p7.run.grammar.v}, {p7.run.grammar.m}, {p7.run.grammar.s}, "
         f"{p7.run.grammar.L}) at width {p7.run.model.d_model}, effective depths {min(p7.run.depths)}–{max(p7.run.depths)}, "
         f"{len(p7.run.seeds)} replicate(s), {p7.run.train.steps:,} steps × {p7.run.train.batch_size} sequences per "
-        f"member; on text width {p7.text.model.d_model}, effective depths {min(p7.text.depths)}–{max(p7.text.depths)}, "
-        f"one seed, {p7.text.train.steps:,} steps × {p7.text.train.batch_size} × {p7.text.context} tokens per member; "
+        f"member; on text chapter 6's converged series with its blocks looped and tied (width "
+        f"{tc.series.model.d_model}, effective depths {min(tc.depths)}–{max(tc.depths)}, {len(tc.seeds)} seed(s), "
+        f"{tc.series.train.steps:,} steps × {tc.series.train.batch_size} × {tc.series.model.context} tokens per member "
+        f"and up to {tc.series.max_continuations} continuations); "
         f"looped toy students at depths {min(p7.toy.protocol.depths)}–{max(p7.toy.protocol.depths)}, "
         f"{max(int(c[2]) for c in p7.toy.protocol.cells)} replicate(s) (not in the paper).",
     ]

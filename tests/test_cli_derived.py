@@ -102,7 +102,7 @@ def test_the_executor_reaches_the_runs(recorded, capsys):
 
 # ---- --part ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, part", [("toy", "calibration"), ("toy", "certified"), ("lm", "converged"),
-                                        ("compose", "text"), ("compose", "hierarchy")])
+                                        ("compose", "text_certified"), ("compose", "hierarchy")])
 def test_part_computes_one_part(name, part, recorded, capsys, monkeypatch):
     if name == "lm":
         monkeypatch.setattr(chapters.by_name("lm").module, "default_device", lambda profile: "cpu")
@@ -122,7 +122,7 @@ def _usage_error(argv, capsys) -> str:
 
 def test_an_unknown_part_is_one_line_listing_the_parts(capsys):
     line = _usage_error(["compose", "--part", "grammar"], capsys)
-    assert "--part" in line and all(f"'{p}'" in line for p in ("rhm", "toy", "text", "hierarchy"))
+    assert "--part" in line and all(f"'{p}'" in line for p in ("rhm", "toy", "hierarchy", "text_certified"))
     line = _usage_error(["scaling", "--part", "fits"], capsys)        # a chapter without PARTS has one part
     assert "unrecognized arguments: --part" in line
 
@@ -142,7 +142,7 @@ def test_an_unknown_part_is_one_line_listing_the_parts(capsys):
     (["toy", "--set", "sweep.cells=[[0.0]]"], "sweep.cells takes a list like [[0.0, 0.1], [0.0, 1.0]"),
     (["toy", "--set", "sweep.depths=4,4"], "depths has duplicates: 4"),                  # the dataclass's validate()
     (["lm", "--set", "nothing"], "--set takes FIELD=VALUE, got 'nothing'"),
-    (["compose", "--part", "toy", "--set", "text.depths=1,2"], "text.depths is not in --part toy's settings"),
+    (["compose", "--part", "toy", "--set", "hierarchy.depths=1,2"], "hierarchy.depths is not in --part toy's settings"),
     (["compose", "--depths", "2,x"], "--depths: run.depths takes comma-separated integers, got '2,x'"),
 ])
 def test_bad_settings_are_one_line_naming_the_field(argv, message, capsys):
@@ -170,19 +170,22 @@ def test_settings_are_read_as_their_fields_types():
     assert p.sensitivity_noise == (0.0, 0.5) and all(isinstance(v, float) for v in p.sensitivity_noise)
     t, _ = settings.apply_settings(tracing.PROFILES["cpu"], [("--set", "fact_kinds=block,mlp"), ("--set", "window=3")])
     assert t.fact_kinds == ("block", "mlp") and t.window == 3
-    c, _ = settings.apply_settings(compose.PROFILES["smoke"], [("--set", "text.train.steps=10")])
-    assert c.text.train.steps == 10 and c.run == compose.PROFILES["smoke"].run
-    with pytest.raises(InputError, match=r"^--set text.train.steps: steps must be in \[5, "):   # validate() says
-        settings.apply_settings(compose.PROFILES["smoke"], [("--set", "text.depths=1,2"), ("--set", "text.train.steps=3")])
+    c, _ = settings.apply_settings(compose.PROFILES["smoke"], [("--set", "hierarchy.train.steps=10")])
+    assert c.hierarchy.train.steps == 10 and c.run == compose.PROFILES["smoke"].run
+    with pytest.raises(InputError, match=r"^--set hierarchy.train.steps: steps must be in \[5, "):   # validate() says
+        settings.apply_settings(compose.PROFILES["smoke"], [("--set", "hierarchy.depths=1,2"),
+                                                            ("--set", "hierarchy.train.steps=3")])
     with pytest.raises(InputError, match=r"^--set name: .* has no field 'name'"):      # names a profile: not a setting
         settings.apply_settings(toy.PROFILES["smoke"], [("--set", "name=x")])
 
 
 def test_set_makes_custom_settings_and_chooses_the_parts_it_changed(recorded, capsys):
     calls = recorded("compose")
-    assert cli.main(["compose", "--set", "text.depths=1,2", "--set", "text.train.steps=10", "--json"]) == 0
+    assert cli.main(["compose", "--set", "text_certified.depths=1,2,4", "--set", "text_certified.n_bootstrap=60",
+                     "--json"]) == 0
     settings, kwargs = calls[-1]
-    assert kwargs["parts"] == ("text",) and settings.text.depths == (1, 2) and settings.text.train.steps == 10
+    assert kwargs["parts"] == ("text_certified",) and settings.text_certified.depths == (1, 2, 4)
+    assert settings.text_certified.n_bootstrap == 60
     assert json.loads(capsys.readouterr().out)["profile"] == "custom"
     assert cli.main(["compose", "--part", "hierarchy", "--set", "seeds=0", "--json"]) == 0
     settings, kwargs = calls[-1]

@@ -275,7 +275,7 @@ def test_fits_need_parameters_plus_two_points_and_recover_an_exponent():
                                            (["--depths", "2,x"], "--depths"), (["--depths", "0"], "depth"),
                                            (["--families", "looped", "--depths", "1,2"], "looped"),
                                            (["--part", "toy", "--depths", "2,4"], "--part toy"),
-                                           (["--part", "text", "--seeds", "0,1"], "--seeds")])
+                                           (["--part", "text_certified", "--seeds", "5"], "--seeds")])
 def test_cli_bad_input_is_one_line_exit_2(capsys, args, message):
     from depthlib.cli import main
     assert main(["compose", "--profile", "smoke", *args]) == 2
@@ -283,14 +283,16 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, args, message):
     assert len(err) == 1 and err[0].startswith("depthlib compose: error:") and message in err[0], err
 
 
-def test_cli_text_part_prints_its_summary(capsys, cache):
-    """``depthlib compose --part text`` trains (here: two tiny members) and prints the text part's summary."""
+def test_cli_part_with_families_and_depths_prints_its_summary(capsys, cache):
+    """``depthlib compose --part rhm --families ... --depths ...`` trains a custom run (here: two tiny members) and
+    prints that part's summary, an exponent it cannot fit given as null with the reason."""
     import json
 
     from depthlib.cli import main
-    assert main(["compose", "--part", "text", "--profile", "smoke", "--families", "untied", "--depths", "1,2",
+    assert main(["compose", "--part", "rhm", "--profile", "smoke", "--families", "untied", "--depths", "1,2",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["profile"] == "custom" and out["meaningful"] is False
     assert set(out["losses"]) == {"untied"} and set(out["losses"]["untied"]) == {"1", "2"}
-    assert out["meaningful"] is False and out["tokenizer"]
-    assert out["alpha"]["untied"] == {"shown": False, "why_not": "2 depths (the law needs 5)", "n_depths": 2}
+    assert out["alpha"]["untied (excess)"]["value"] is None
+    assert out["alpha"]["untied (excess)"]["reason"] == "2 depths (the excess law needs 4)"

@@ -267,59 +267,15 @@ def test_toy_conclusion_reads_intervals_against_each_other(compose_runs):
     assert views._against(two, "looped", "t") == "below" and views._against(two, "untied", "t", "looped") == "above"
 
 
-# ---- chapter 7: text, limits and conclusion -------------------------------------------------------------------------
-def test_text_tables(compose_runs, series):
-    from depthlib.compose import analysis, views
-    text_run, series_run = compose_runs["text"], series
-    t = views.text_settings_table(text_run, series_run)["value"]
-    digest = text_run.manifest.get("tokenizer")
-    assert t["tokenizer digest (chapter 6's run)"] == f"{digest} ({series_run.manifest.get('tokenizer')})"
-    alphas = views.text_alpha_table(text_run)
-    shown = analysis.text_alphas(text_run).set_index("family")
-    for family, r in shown.iterrows():
-        assert alphas.loc[family, "α_ℓ [95 % bootstrap]"].startswith("not shown: ") == (not r.shown)
-    diag = views.text_diagnostics_table(text_run)
-    assert len(diag) == len(text_run.table("members")) and diag.isna().sum().sum() == 0
-
-
-def test_text_phrases():
-    from depthlib.compose import views
-    dd = pd.DataFrame([{"family": "looped", "depth": 8, "against": a, "difference": d, "lo": d - 0.01, "hi": d + 0.01}
-                       for a, d in (("same depth", 0.05), ("same parameters", -0.05))]
-                      + [{"family": "tied", "depth": 8, "against": "same depth", "difference": 0.0, "lo": -0.01,
-                          "hi": 0.01}]).set_index(["family", "depth", "against"])
-    assert [views._side(dd, "looped", 8, "same depth"), views._side(dd, "looped", 8, "same parameters"),
-            views._side(dd, "tied", 8, "same depth")] == ["worse", "better", "no different"]
-    assert views._text_difference(dd, "looped", 8, "same parameters") == "-0.050 [-0.060, -0.040]"
-    xt = pd.DataFrame({"family": "f", "depth": [1, 2, 4], "val_loss": [4.0, 3.9, 4.1]}).set_index(["family", "depth"])
-    assert views._loss_path(xt, "f") == "4.000 at ℓ = 1, 3.900 at its best depth ℓ = 2 and 4.100 at ℓ = 4"
-    xt["val_loss"] = [3.8, 3.9, 4.1]
-    assert views._loss_path(xt, "f") == "3.800 at ℓ = 1 (its best), rising to 4.100 at ℓ = 4"
-    xa = pd.DataFrame([{"family": "untied", "alpha": 0.5, "lo": 0.4, "hi": 0.6, "shown": False,
-                        "why_not": "fit at a search bound"}]).set_index("family")
-    assert views._text_alpha(xa, "untied") == "not shown (fit at a search bound)"
-
-
-def test_text_findings_and_conclusion_agree_with_the_paired_differences(compose_runs, series):
-    from depthlib.compose import analysis, chapter, views
-    text_run = compose_runs["text"]
-    dd = analysis.text_differences(text_run).set_index(["family", "depth", "against"])
-    deep = max(chapter.describe(text_run)["depths"]["tied"])
-    findings = views.text_findings_text(text_run, series)
-    conclusion = views.text_conclusion_text(text_run)
-    side = views._side(dd, "tied", deep, "same parameters")
-    assert f"{side} than the one-block untied" in findings and f"{side} than the one-block model" in conclusion
-    assert views._text_difference(dd, "tied", deep, "same parameters") in conclusion
-    assert "**What limits it: the budget.**" in findings
-
-
+# ---- chapter 7: limits and conclusion -------------------------------------------------------------------------------
 def test_compose_limits_and_conclusion(compose_runs):
     from depthlib.compose import analysis, chapter, views
     run = compose_runs["rhm"]
-    limits = views.limits_text(run, compose_runs["toy"], compose_runs["text"], compose_runs["untied"],
-                               compose_runs["text_certified"])
+    limits = views.limits_text(run, compose_runs["toy"], compose_runs["untied"], compose_runs["text_certified"])
     certified = chapter.describe_text_certified(compose_runs["text_certified"])
+    assert "\n* **On text**, at chapter 6's certified budget (one seed, " in limits
     assert f"{certified['tokens_per_member'] / 1e6:.2f} M tokens a member" in limits
+    assert "**On text**" not in views.limits_text(run, compose_runs["toy"], compose_runs["untied"])
     paper = chapter.PROFILES["paper"].run
     assert f"({paper.grammar.v}, {paper.grammar.m}, {paper.grammar.s}, {paper.grammar.L})" in limits
     assert f"at most {analysis.loss_table(run).n_params.max():,} parameters" in limits

@@ -6,7 +6,9 @@ averaging (§3–4). This package trains small residual transformers on a target
 hierarchy model (:mod:`depthlib.compose.rhm`), in three families that differ in how they reuse depth
 (:mod:`depthlib.compose.model`), to convergence (:mod:`depthlib.compose.train`), and runs the paper's hidden-state
 diagnostics (§2.7) and chapter 5's edits on them (:mod:`depthlib.compose.diagnostics`; one run:
-:mod:`depthlib.compose.experiment`). The same families are trained on chapter 6's text (:mod:`depthlib.compose.text`),
-and looped students in chapter 3's toy (:mod:`depthlib.compose.looped_toy`). :mod:`depthlib.compose.analysis` holds
+:mod:`depthlib.compose.experiment`). The same families are trained on an unseen, deeper grammar
+(:mod:`depthlib.compose.hierarchy`) and on chapter 6's text at chapter 6's certified budget, with chapter 6's own
+model and training loop (:mod:`depthlib.compose.text_certified`), and looped students in chapter 3's toy
+(:mod:`depthlib.compose.looped_toy`). :mod:`depthlib.compose.analysis` holds
 the chapter's views of the runs, :mod:`depthlib.compose.chapter` its glue (the chapter contract).
 """

@@ -231,71 +231,7 @@ def toy_alphas(looped: results.Run, untied: results.Run, temperature: float = 1.
     return pd.DataFrame(rows)
 
 
-# ---- part 3: the three families on chapter 6's text --------------------------------------------------------
-def _final_docs(run: results.Run) -> pd.DataFrame:
-    d = run.table("doc_losses")
-    return d[d["step"] == d["step"].max()]
-
-
-def _doc_resamples(n_docs: int, n_resamples: int, seed: int) -> np.ndarray:
-    """(n_resamples, n_docs) document draws; resample 0 is the data itself (as :mod:`depthlib.lm.fit`)."""
-    idx = np.random.default_rng(seed).integers(0, n_docs, size=(n_resamples, n_docs))
-    idx[0] = np.arange(n_docs)
-    return idx
-
-
-def text_losses(run: results.Run, level: float = 0.95, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Per family and effective depth: the final held-out loss (token-weighted over the held-out documents) with its
-    percentile bootstrap interval over documents, parameters, the relative improvement over the last 20 % of training
-    and whether it converged (the 1 % rule)."""
-    docs, members = _final_docs(run), run.table("members").set_index(["family", "depth"])
-    ids = np.sort(docs["doc_id"].unique())
-    idx = _doc_resamples(len(ids), n_resamples, seed)
-    q = (1 - level) / 2
-    rows = []
-    for (family, depth), g in docs.groupby(["family", "depth"], sort=False):
-        g = g.set_index("doc_id").loc[ids]
-        nll, n = g["nll_sum"].to_numpy(float), g["n_tokens"].to_numpy(float)
-        boot = nll[idx].sum(1) / n[idx].sum(1)
-        m = members.loc[(family, depth)]
-        rows.append({"family": family, "depth": int(depth), "val_loss": float(boot[0]),
-                     "val_lo": float(np.quantile(boot, q)), "val_hi": float(np.quantile(boot, 1 - q)),
-                     "n_params": int(m["n_params"]), "n_blocks": int(m["n_blocks"]),
-                     "rel_improvement": float(m["rel_improvement"]), "converged": bool(m["converged"])})
-    return pd.DataFrame(rows)
-
-
-def text_differences(run: results.Run, level: float = 0.95, n_resamples: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Paired comparisons of a looped or tied member with an untied one, as held-out loss differences (nats/token)
-    with a paired percentile bootstrap over documents: ``same depth`` (the untied member of the same effective depth)
-    and ``same parameters`` (the untied member with as many distinct blocks: ℓ = 3 for looped, ℓ = 1 for tied)."""
-    docs = _final_docs(run)
-    ids = np.sort(docs["doc_id"].unique())
-    idx = _doc_resamples(len(ids), n_resamples, seed)
-    q = (1 - level) / 2
-    cube = {k: (g.set_index("doc_id").loc[ids, "nll_sum"].to_numpy(float),
-                g.set_index("doc_id").loc[ids, "n_tokens"].to_numpy(float))
-            for k, g in docs.groupby(["family", "depth"])}
-    members = run.table("members").set_index(["family", "depth"])
-
-    def loss(key):
-        nll, n = cube[key]
-        return nll[idx].sum(1) / n[idx].sum(1)
-
-    rows = []
-    for family in ("looped", "tied"):
-        for (f, depth) in sorted(k for k in cube if k[0] == family):
-            blocks = int(members.loc[(f, depth), "n_blocks"])
-            for against, ref in (("same depth", depth), ("same parameters", blocks)):
-                if ("untied", ref) not in cube or (against == "same parameters" and ref == depth):
-                    continue
-                diff = loss((f, depth)) - loss(("untied", ref))
-                rows.append({"family": f, "depth": int(depth), "against": against, "untied_depth": int(ref),
-                             "difference": float(diff[0]), "lo": float(np.quantile(diff, q)),
-                             "hi": float(np.quantile(diff, 1 - q))})
-    return pd.DataFrame(rows)
-
-
+# ---- what α_ℓ on text is a result: chapter 6 reads its series by this rule (:func:`depthlib.lm.chapter.alpha_shown`) ----
 def text_alphas(run: results.Run) -> pd.DataFrame:
     """Per family: α_ℓ of L = L∞ + c·ℓ^(−α_ℓ) over effective depth with its 95 % bootstrap interval over held-out
     documents (the run's ``fit``), the depths fitted, and whether it is **shown** as a result, with the reason when
@@ -327,15 +263,6 @@ def text_alphas(run: results.Run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def text_diagnostics(run: results.Run) -> pd.DataFrame:
-    """Per family and effective depth, the hidden-state diagnostics of the one seed on held-out windows (means over
-    tokens; no interval: one seed)."""
-    m = run.table("members")
-    cols = [c for c in ("theta_middle_mean", "theta_dh_mean", "long_lag_cos", "cluster_evenly", "delete_middle_delta",
-                        "delete_first_delta", "swap_delta", "permute_delta") if c in m]
-    return m[["family", "depth", *cols]].sort_values(["family", "depth"]).reset_index(drop=True)
-
-
 # ---- part 2: signatures of the looped toy students ----------------------------------------------------------
 def toy_signatures(looped: results.Run, temperature: float = 1.0) -> pd.DataFrame:
     """Per (net, teacher, depth) at ``temperature``: the middle-block step angle θ(h_l, h_{l+1}), the update angle
@@ -353,18 +280,3 @@ def toy_signatures(looped: results.Run, temperature: float = 1.0) -> pd.DataFram
             row[col], row[f"{col}_lo"], row[f"{col}_hi"], _ = mean_interval(g[col])
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def text_decay_gain(run: results.Run) -> pd.DataFrame:
-    """Per member of a text run: the held-out loss gained while the learning rate decays (between the evaluations
-    nearest the start and the end of the decay, :class:`depthlib.compose.train.TrainConfig`), beside the relative
-    improvement over the last 20 % that the 1 % rule reads. A member still gaining a lot here is step-limited, whatever
-    the rule says. Columns family, depth, step_from, step_to, gain (nats/token)."""
-    cfg = run.config["train"]
-    curves = run.table("curves")
-    steps = np.sort(curves["step"].unique())
-    start, end = (int(steps[np.abs(steps - f * cfg["steps"]).argmin()]) for f in (cfg["decay_start"], cfg["decay_end"]))
-    wide = curves[curves["step"].isin([start, end])].pivot_table(index=["family", "depth"], columns="step",
-                                                                 values="val_loss")
-    gain = (wide[start] - wide[end]) if start != end else wide[start] * 0.0
-    return gain.rename("gain").reset_index().assign(step_from=start, step_to=end)

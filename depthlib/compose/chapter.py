@@ -1,11 +1,10 @@
 """Chapter 7's glue: the profiles, the run the chapter shows, its replay check, what the text states about it.
 
-The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (three parts shown: ``rhm``,
+The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (four parts shown: ``rhm``,
 the hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy;
-``text``, the three families on chapter 6's text; and ``hierarchy``, the positive control on an unseen, deeper grammar
-with both of its tasks, certified, :mod:`depthlib.compose.hierarchy`, and ``text_certified``, the three families on
-chapter 6's text at chapter 6's certified budget, :mod:`depthlib.compose.text_certified`: both computed on request
-until their cpu runs are committed),
+``hierarchy``, the positive control on an unseen, deeper grammar with both of its tasks, certified,
+:mod:`depthlib.compose.hierarchy`; and ``text_certified``, the three families on chapter 6's text at chapter 6's
+certified budget, :mod:`depthlib.compose.text_certified`),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
 ``describe``, ``summary`` and ``COMPUTE``.
 """
@@ -18,58 +17,52 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime
-from depthlib.compose import hierarchy, looped_toy, text, text_certified
+from depthlib.compose import hierarchy, looped_toy, text_certified
 from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
 from depthlib.compose.hierarchy import HierarchyConfig
 from depthlib.compose.looped_toy import LoopedToyConfig
 from depthlib.compose.model import ModelConfig
 from depthlib.compose.rhm import RHMConfig
-from depthlib.compose.text import TextConfig
 from depthlib.compose.text_certified import TextCertifiedConfig
 from depthlib.compose.train import TrainConfig
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.lm import chapter as lm_chapter
-from depthlib.lm.corpus import CorpusConfig
 from depthlib.toy.converged import ConvergedConfig
 
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: the compose package, the angle measures and the trajectory clusters).
 COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
            looped_toy.EXPERIMENT: "depthlib.compose.looped_toy:run_looped_toy",
-           text.EXPERIMENT: "depthlib.compose.text:run_text",
            hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:run_hierarchy",
            text_certified.EXPERIMENT: "depthlib.compose.text_certified:run_text_certified"}
 TOY_EXPERIMENT = looped_toy.EXPERIMENT
-TEXT_EXPERIMENT = text.EXPERIMENT
 HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
 TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
-PARTS = ("rhm", "toy", "text", "hierarchy", "text_certified")
+PARTS = ("rhm", "toy", "hierarchy", "text_certified")
 #: The parts the chapter shows by default (every part: each has a committed cpu run)
 SHOWN_PARTS = PARTS
 #: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
-PART_FIELDS = {"rhm": "run", "toy": "toy", "text": "text", "hierarchy": "hierarchy", "text_certified": "text_certified"}
+PART_FIELDS = {"rhm": "run", "toy": "toy", "hierarchy": "hierarchy", "text_certified": "text_certified"}
 
 __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "PARTS", "PART_FIELDS", "PROFILES", "SHOWN_PARTS",
-           "TEXT_EXPERIMENT",
-           "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe", "describe_hierarchy", "describe_text",
-           "describe_toy", "labelled", "profile_config", "replay", "replay_hierarchy", "replay_text", "replay_toy", "runs",
-           "summary", "summary_hierarchy", "summary_text", "summary_toy", "TEXT_CERTIFIED_EXPERIMENT",
+           "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe", "describe_hierarchy", "describe_toy", "labelled",
+           "profile_config", "replay", "replay_hierarchy", "replay_toy", "runs", "summary", "summary_hierarchy",
+           "summary_toy", "TEXT_CERTIFIED_EXPERIMENT",
            "describe_text_certified", "summary_text_certified", "replay_text_certified"]
 
 
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
     """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``),
-    the looped students in chapter 3's toy (``toy``), the three families on chapter 6's text (``text``) and the hierarchy
-    control on an unseen grammar, both tasks, certified (``hierarchy``)."""
+    the looped students in chapter 3's toy (``toy``), the hierarchy control on an unseen grammar, both tasks, certified
+    (``hierarchy``) and the three families on chapter 6's text at chapter 6's certified budget (``text_certified``)."""
 
     name: str
     run: ComposeConfig
     toy: LoopedToyConfig
-    text: TextConfig
     hierarchy: HierarchyConfig
     text_certified: TextCertifiedConfig
 
@@ -85,10 +78,6 @@ class ComposeProfile(Profile):
 #: routes scratch → halved on both teachers, Euler on the tied one (measured about 80 s per student on one shared
 #: core: 36 students, about 50 min in all); paper: three replicates, depths to 96, 40 000 steps at the deepest, batch
 #: 1024, two continuation rounds.
-#: The text part (:mod:`depthlib.compose.text`): chapter 6's corpus, tokenizer, windows and 2.0 M tokens per member
-#: (1000 steps × 32 windows of 64), width 64 as chapter 6; effective depths 1–8 (looped from 3), one seed, so the
-#: intervals are bootstraps over the 31 held-out documents (measured 0.085 s per step for the unembedding plus
-#: 0.021 s per block application on one core: about 56 core-minutes for the 19 members, two workers).
 #: The hierarchy part (:mod:`depthlib.compose.hierarchy`; why this grammar: that module's measurement): cpu:
 #: the grammar (4, 2, 2, 5) — 32 leaves, Ω = 8.6·10⁹ sequences — both tasks, three families at effective depths 1, 2,
 #: 3, 4, 6, 8 (looped from 3; below and above L = 5), three replicates, width 32, 1000 steps × 64 fresh sequences per
@@ -141,10 +130,6 @@ PROFILES: dict[str, ComposeProfile] = {
         LoopedToyConfig("smoke", ConvergedConfig(
             "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(1, 2, 4, 8), steps_deepest=40, batch=32,
             pool_batches=8, evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16), continuations=1),
-        TextConfig("smoke", corpus=CorpusConfig(n_docs=24, val_every=6, val_tokens=64, probe_chunks=2, probe_words=20),
-                   vocab_size=512, context=32, depths=(1, 2, 3, 4), model=ModelConfig(d_model=16, n_heads=2),
-                   train=TrainConfig(steps=20, batch_size=8, evals=5, n_held_out=1), n_probe=8, n_permutations=2,
-                   n_bootstrap=50),
         HierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
                         model=ModelConfig(d_model=16, n_heads=2),
                         train=TrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
@@ -155,7 +140,6 @@ PROFILES: dict[str, ComposeProfile] = {
                           LoopedToyConfig("cpu", ConvergedConfig(
                               "cpu", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48),
                               steps_deepest=3_000), continuations=0),
-                          TextConfig("cpu"),
                           HierarchyConfig("cpu", certificate=Certificate(max_continuations=3)),
                           TextCertifiedConfig("cpu", series=lm_chapter.PROFILES["cpu"].converged,
                                               depths=(1, 2, 3, 4, 6, 8, 12))),
@@ -167,8 +151,6 @@ PROFILES: dict[str, ComposeProfile] = {
         LoopedToyConfig("paper", ConvergedConfig(
             "paper", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48, 96), steps_deepest=40_000,
             batch=1024, pool_batches=4_096), continuations=2),
-        TextConfig("paper", depths=(1, 2, 3, 4, 6, 8, 12, 16, 24), model=ModelConfig(d_model=256, n_heads=4),
-                   train=TrainConfig(steps=8000, batch_size=64, lr=1e-3, evals=20, n_held_out=1), n_probe=512),
         HierarchyConfig("paper", grammar=RHMConfig(v=8, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
                         seeds=(0, 1, 2, 3, 4),
                         model=ModelConfig(d_model=128, n_heads=4),
@@ -184,13 +166,14 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
     return PROFILES[profile].run.validate()
 
 
-def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig | TextCertifiedConfig, *,
+def compute(cfg: ComposeConfig | LoopedToyConfig | HierarchyConfig | TextCertifiedConfig, *,
             force: bool = False,
             progress: bool = True, jobs: int | None = None, device: str = "cpu") -> results.Run:
     """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
-    for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s, for the text part
-    :func:`depthlib.compose.text.run_text`'s and for the hierarchy part
-    :func:`depthlib.compose.hierarchy.run_hierarchy`'s, whose members train ``jobs`` at a time: default one per core).
+    for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s, for the hierarchy part
+    :func:`depthlib.compose.hierarchy.run_hierarchy`'s and for the certified text part
+    :func:`depthlib.compose.text_certified.run_text_certified`'s, whose members train ``jobs`` at a time: default one
+    per core).
     ``device``: the hierarchy part's members may train on an accelerator; the other parts train on the CPU."""
     runtime.configure_process(1)
     if isinstance(cfg, HierarchyConfig):
@@ -203,8 +186,6 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | TextConfig | HierarchyConfig 
         raise InputError(f"this part of chapter 7 trains on the CPU, got device {device!r}")
     if isinstance(cfg, LoopedToyConfig):
         return looped_toy.run_looped_toy(cfg, force=force, progress=progress)
-    if isinstance(cfg, TextConfig):
-        return text.run_text(cfg, jobs=jobs or os.cpu_count() or 1, force=force, progress=progress)
     return run_compose(cfg, force=force, progress=progress)
 
 
@@ -216,12 +197,12 @@ def labelled(cfg, field: str):
 
 def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
          progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
-    """``{"rhm": run, "toy": run, "text": run}``: the runs chapter 7 shows for ``profile`` (the one rule:
-    :func:`depthlib.results.select_run`), each trained now (resumable) if there is none; ``parts`` may add
-    ``"hierarchy"`` (:data:`PARTS`). Members train in this process on the CPU (``executor`` and ``device`` are
-    accepted for the contract and must be left at their defaults). Custom settings (a :class:`ComposeProfile`, e.g.
-    ``depthlib compose --set``) are trained, or loaded from the local cache, never chosen among committed runs; each
-    run is labelled as its config says."""
+    """``{"rhm": run, "toy": run, "hierarchy": run, "text_certified": run}``: the runs chapter 7 shows for ``profile``
+    (the one rule: :func:`depthlib.results.select_run`), each trained now (resumable) if there is none; ``parts``
+    chooses among them (:data:`PARTS`; default every part). Members train in this process on the CPU (``executor``
+    and ``device`` are accepted for the contract and must be left at their defaults). Custom settings (a
+    :class:`ComposeProfile`, e.g. ``depthlib compose --set``) are trained, or loaded from the local cache, never chosen
+    among committed runs; each run is labelled as its config says."""
     if not isinstance(profile, ComposeProfile):
         results.check_profile(profile)
     unknown = set(parts) - set(PARTS)
@@ -235,7 +216,7 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
         return {part: compute(labelled(getattr(profile, PART_FIELDS[part]), PART_FIELDS[part]).validate(),
                               progress=progress)
                 for part in PARTS if part in parts}
-    experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "text": TEXT_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT,
+    experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT,
                    "text_certified": TEXT_CERTIFIED_EXPERIMENT}
     configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS}
     return {part: results.chapter_run(
@@ -258,25 +239,6 @@ def _replayed_losses(run: results.Run, committed: pd.DataFrame, curve: pd.DataFr
     if not rows:
         raise InputError(f"run {run.experiment}/{run.key} has no losses at steps {list(steps)} to replay")
     return pd.DataFrame(rows)
-
-
-def replay_text(run: results.Run) -> pd.DataFrame:
-    """Retrain the text run's first member (first family, shallowest depth) up to its first held-out evaluation with
-    the current code; its committed and recomputed losses at step 0 and there (:func:`_replayed_losses`)."""
-    import torch
-    cfg = TextConfig.from_dict(run.config)
-    family, depth = cfg.units()[0]
-    first = cfg.train.eval_steps()[1]
-    _, data = text.prepare_data(cfg)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        curve = text.train_member(cfg, data, family, depth, stop_at=first)["curves"]
-    finally:
-        torch.set_num_threads(threads)
-    committed = run.table("curves")
-    mine = committed[(committed["family"] == family) & (committed["depth"] == depth)]
-    return _replayed_losses(run, mine, curve, (0, first), {"family": family, "depth": depth})
 
 
 def replay_toy(run: results.Run) -> pd.DataFrame:
@@ -309,8 +271,6 @@ def replay(run: results.Run) -> pd.DataFrame:
     import torch
     if run.experiment == TOY_EXPERIMENT:
         return replay_toy(run)
-    if run.experiment == TEXT_EXPERIMENT:
-        return replay_text(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return replay_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
@@ -430,38 +390,6 @@ def summary_toy(run: results.Run) -> dict:
             "all_converged": bool(best["converged"].all()), "wall_time_s": run.manifest.get("wall_time_s")}
 
 
-def describe_text(run: results.Run) -> dict:
-    """Provenance and settings of a text run (the three families on chapter 6's text)."""
-    c = TextConfig.from_dict(run.config)
-    m = run.manifest
-    return {**results.run_info(run), "families": list(c.families),
-            "depths": {f: c.family_depths(f) for f in c.families}, "seed": c.seed, "d_model": c.model.d_model,
-            "n_heads": c.model.n_heads, "vocab_size": c.vocab_size, "context": c.context, "steps": c.train.steps,
-            "batch_size": c.train.batch_size, "lr": c.train.lr,
-            "tokens_per_member": c.train.steps * c.train.batch_size * c.context, "n_probe": c.n_probe,
-            "n_bootstrap": c.n_bootstrap, "tokenizer": m.get("tokenizer"),
-            "n_held_out_documents": len(m.get("held_out_documents", [])), "n_members": len(c.units())}
-
-
-def summary_text(run: results.Run) -> dict:
-    """The key numbers of a text run: per family the final held-out loss per effective depth, α_ℓ with its 95 %
-    bootstrap interval over documents where the chapter shows it (else why not), convergence and the wall time."""
-    from depthlib.compose import analysis
-    members = run.table("members")
-    return {"run": str(run.path), **{k: v for k, v in describe_text(run).items()
-                                     if k in ("profile", "depths", "tokens_per_member", "tokenizer")},
-            "losses": {f: {int(r.depth): float(r.val_loss) for r in g.itertuples()}
-                       for f, g in members.groupby("family", sort=False)},
-            # the chapter's rule for what is a result (:func:`depthlib.compose.analysis.text_alphas`): a fit that is
-            # not shown is reported with its reason, not as a number
-            "alpha": {r.family: ({"value": r.alpha, "lo": r.lo, "hi": r.hi, "n_depths": r.n_depths} if r.shown
-                                 else {"shown": False, "why_not": r.why_not, "n_depths": r.n_depths})
-                      for r in analysis.text_alphas(run).itertuples()},
-            "all_converged": bool(members["converged"].all()),
-            "max_rel_improvement": float(members["rel_improvement"].max()),
-            "wall_time_s": run.manifest.get("wall_time_s")}
-
-
 def describe_text_certified(run: results.Run) -> dict:
     """Provenance and settings of a text run at chapter 6's certified budget (the reused families beside chapter 6's
     untied members)."""
@@ -523,8 +451,6 @@ def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == TOY_EXPERIMENT:
         return describe_toy(run)
-    if run.experiment == TEXT_EXPERIMENT:
-        return describe_text(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return describe_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
@@ -561,8 +487,6 @@ def summary(run: results.Run) -> dict:
     from depthlib.compose import analysis
     if run.experiment == TOY_EXPERIMENT:
         return summary_toy(run)
-    if run.experiment == TEXT_EXPERIMENT:
-        return summary_text(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return summary_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:

@@ -3,11 +3,11 @@
 Every function reads the runs' tables through :mod:`depthlib.compose.analysis` (nothing is computed that a run
 stores) and returns a DataFrame or a Markdown string for the notebook to display; no compute code imports this module,
 so editing it never makes a committed run stale. The runs: ``run`` the positive control on the random hierarchy model
-(``runs["rhm"]``), ``toy`` the looped students in chapter 3's toy (``runs["toy"]``), ``untied`` chapter 3's converged
-run, ``text_run`` the three families on chapter 6's text (``runs["text"]``) and ``series_run`` chapter 6's series.
-Units: losses and excess losses in nats per symbol (grammar) or per token (text), the toy's losses in nats (held-out
-KL), angles in radians, cosines and exponents dimensionless; intervals are 95 % (t over replicates, bootstrap over
-documents on text).
+(``runs["rhm"]``), ``toy`` the looped students in chapter 3's toy (``runs["toy"]``) and ``untied`` chapter 3's
+converged run; the certified text part's and the unseen control's views are :mod:`depthlib.compose.text_certified_views`
+and :mod:`depthlib.compose.hierarchy_views`.
+Units: losses and excess losses in nats per symbol (grammar), the toy's losses in nats (held-out KL), angles in
+radians, cosines and exponents dimensionless; intervals are 95 % (t over replicates unless stated).
 """
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from depthlib.compose import analysis
 
 __all__ = ["alpha_text", "conclusion_text", "convergence_table", "convergence_text", "diagnostics_text",
            "equal_depth_table", "equal_parameters_text", "limits_text", "looped_students_table", "settings_table",
-           "slopes_table", "text_alpha_table", "text_conclusion_text", "text_diagnostics_table", "text_findings_text",
-           "text_settings_table", "toy_conclusion_text", "toy_convergence_text", "toy_settings_table",
+           "slopes_table", "toy_conclusion_text", "toy_convergence_text", "toy_settings_table",
            "toy_signatures_table", "toy_signatures_text", "toy_slope_intervals", "toy_slopes_table"]
 
 
@@ -296,158 +295,26 @@ price. Note also that the middle step angle of the looped students falls as ℓ^
 compositional assembly."""
 
 
-# ---- the three families on chapter 6's text -------------------------------------------------------------------------
-def text_settings_table(text_run: results.Run, series_run: results.Run) -> pd.DataFrame:
-    """The text run's settings, one row each (column ``value``): families and effective depths, width and heads,
-    vocabulary and window, the tokenizer digest beside chapter 6's, training tokens per member, peak learning rate,
-    held-out documents, parameters per family, members converged and wall time (min)."""
-    xinfo, tl_text = _describe(text_run), analysis.text_losses(text_run)
-    return pd.Series({
-        "families and effective depths": "; ".join(f"{f}: {', '.join(map(str, d))}" for f, d in xinfo["depths"].items()),
-        "width, heads": f"{xinfo['d_model']}, {xinfo['n_heads']}",
-        "vocabulary, window": f"{xinfo['vocab_size']:,} BPE words, {xinfo['context']} tokens",
-        "tokenizer digest (chapter 6's run)": f"{xinfo['tokenizer']} ({series_run.manifest.get('tokenizer')})",
-        "training tokens per member": (f"{xinfo['tokens_per_member']:,} ({xinfo['steps']:,} steps × "
-                                       f"{xinfo['batch_size']} windows)"),
-        "peak learning rate": f"{xinfo['lr']:g}",
-        "held-out documents": xinfo["n_held_out_documents"],
-        "parameters": "; ".join(f"{f}: {g.n_params.min():,}–{g.n_params.max():,}"
-                                for f, g in tl_text.groupby("family", sort=False)),
-        "members converged (1 % rule)": (f"{int(tl_text.converged.sum())} of {len(tl_text)} (largest improvement over "
-                                         f"the last 20 %: {100 * tl_text.rel_improvement.max():.2f} %)"),
-        "wall time": (f"{xinfo['wall_time_s'] / 60:.0f} min on {text_run.manifest.get('device', 'cpu')}, two members "
-                      "at a time")}, name="value").to_frame()
-
-
-def text_alpha_table(text_run: results.Run) -> pd.DataFrame:
-    """Per family on text: the effective depths, α_ℓ with its 95 % bootstrap interval (or why it is not shown), L∞
-    (nats/token) and the share of bootstrap resamples undefined or at a search bound."""
-    ta_text = analysis.text_alphas(text_run)
-    return (ta_text.assign(alpha=[f"{r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}]" if r.shown else f"not shown: {r.why_not}"
-                                  for r in ta_text.itertuples()],
-                           L_inf=[f"{v:.3f}" if np.isfinite(v) else "—" for v in ta_text.L_inf],
-                           share=ta_text.share_undefined_or_at_bound.map("{:.1%}".format))
-            [["family", "depths", "alpha", "L_inf", "share"]]
-            .rename(columns={"alpha": "α_ℓ [95 % bootstrap]", "L_inf": "L∞ (nats/token)", "depths": "effective depths",
-                             "share": "resamples undefined or at a bound"}).set_index("family"))
-
-
-def text_diagnostics_table(text_run: results.Run) -> pd.DataFrame:
-    """Per family and effective depth on text: the hidden-state diagnostics (angles in rad, the long-lag cosine, the
-    'evenly' share) and the loss added by each edit (nats/token), 3 digits; "—" where not measured."""
-    xd = analysis.text_diagnostics(text_run)
-    return (xd.rename(columns={"theta_middle_mean": "middle θ(h_l, h_l+1) (rad)", "theta_dh_mean": "θ(Δh) (rad)",
-                               "long_lag_cos": "long-lag cos", "cluster_evenly": "share 'updated evenly'",
-                               "delete_middle_delta": "Δloss, delete a middle application",
-                               "delete_first_delta": "Δloss, delete the first", "swap_delta": "Δloss, swap neighbours",
-                               "permute_delta": "Δloss, permute the middle"})
-            .set_index(["family", "depth"]).round(3).astype(object).where(lambda t: t.notna(), "—"))
-
-
-def _text_alpha(xa: pd.DataFrame, family: str) -> str:
-    """A family's α_ℓ on text (``xa``: :func:`depthlib.compose.analysis.text_alphas` indexed by family) as
-    "v [lo, hi]", or "not shown (why)"."""
-    r = xa.loc[family]
-    return f"{r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}]" if r.shown else f"not shown ({r.why_not})"
-
-
-def _text_difference(dd: pd.DataFrame, family: str, depth: int, against: str) -> str:
-    """A paired loss difference on text (``dd``: :func:`depthlib.compose.analysis.text_differences` indexed by family,
-    depth, against) as "+d [+lo, +hi]" (nats/token)."""
-    r = dd.loc[(family, depth, against)]
-    return f"{r.difference:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]"
-
-
-def _side(dd: pd.DataFrame, family: str, depth: int, against: str) -> str:
-    """"better", "worse" or "no different": where the 95 % interval of a paired loss difference lies against 0."""
-    r = dd.loc[(family, depth, against)]
-    return "better" if r.hi < 0 else "worse" if r.lo > 0 else "no different"
-
-
-def _loss_path(xt: pd.DataFrame, family: str) -> str:
-    """A family's held-out loss on text (nats/token) at its shallowest depth, its best (when that is another depth)
-    and its deepest (``xt``: :func:`depthlib.compose.analysis.text_losses` indexed by family and depth)."""
-    g = xt.loc[family]
-    best = g.val_loss.idxmin()
-    if best == g.index[0]:
-        return (f"{g.val_loss.iloc[0]:.3f} at ℓ = {g.index[0]} (its best), rising to {g.val_loss.iloc[-1]:.3f} at "
-                f"ℓ = {g.index[-1]}")
-    return (f"{g.val_loss.iloc[0]:.3f} at ℓ = {g.index[0]}, {g.val_loss.min():.3f} at its best depth ℓ = {best} and "
-            f"{g.val_loss.iloc[-1]:.3f} at ℓ = {g.index[-1]}")
-
-
-
-def _bound(xa: pd.DataFrame, dd: pd.DataFrame, xt: pd.DataFrame):
-    """The text part's phrase helpers bound to its tables (α by family, paired differences, losses): (α phrase,
-    difference phrase, side phrase, loss-path phrase), each taking the family (and depth, comparison) only."""
-    from functools import partial
-    return (partial(_text_alpha, xa), partial(_text_difference, dd), partial(_side, dd), partial(_loss_path, xt))
-
-def text_findings_text(text_run: results.Run, series_run: results.Run) -> str:
-    """**Measured** on text (Markdown): each family's held-out loss along depth (nats/token), its α_ℓ, the paired
-    differences of the deepest looped and tied members against the untied ones (same depth, same parameters), how much
-    every member still gained while the rate decayed (nats), chapter 6's untied loss at the deepest depth both trained,
-    and the deepest members' θ(Δh) (rad) and long-lag cosines."""
-    xinfo = _describe(text_run)
-    tl_text = analysis.text_losses(text_run)
-    xt = tl_text.set_index(["family", "depth"])
-    xa = analysis.text_alphas(text_run).set_index("family")
-    xdd = analysis.text_diagnostics(text_run).set_index(["family", "depth"])
-    dd = analysis.text_differences(text_run).set_index(["family", "depth", "against"])
-    deep = {f: max(d) for f, d in xinfo["depths"].items()}
-
-    xalpha, xdiff, side, loss_path = _bound(xa, dd, xt)
-    decay = analysis.text_decay_gain(text_run)                       # nats gained while the rate decays
-    series_loss = {int(d): v for d, v in series_run.manifest["summary"]["val_loss"].items()}
-    both = max(set(series_loss) & set(xinfo["depths"]["untied"]))      # the deepest ℓ both families trained
-    return f"""**Measured.** Held-out loss (nats/token): untied {loss_path('untied')}; looped {loss_path('looped')};
-fully tied {loss_path('tied')}. So at this budget extra blocks buy the untied family little after ℓ = 2–4, and the
-families that reuse depth get **worse** as their effective depth grows. The depth law: untied α_ℓ = {xalpha('untied')},
-looped {xalpha('looped')}, fully tied {xalpha('tied')}. At ℓ = {deep['looped']} the looped member is
-{side('looped', deep['looped'], 'same depth')} than the untied member of the same effective depth
-({xdiff('looped', deep['looped'], 'same depth')} nats/token) and {side('looped', deep['looped'], 'same parameters')} than
-the untied member with the same three blocks ({xdiff('looped', deep['looped'], 'same parameters')}); the tied member at
-ℓ = {deep['tied']} is {side('tied', deep['tied'], 'same depth')} than the untied one of the same depth
-({xdiff('tied', deep['tied'], 'same depth')}) and {side('tied', deep['tied'], 'same parameters')} than the one-block untied
-member ({xdiff('tied', deep['tied'], 'same parameters')}).
-
-**What limits it: the budget.** Every member met the 1 % rule (largest improvement over the last 20 % of steps:
-{100 * tl_text.rel_improvement.max():.2f} %), but only because those steps run at a tenth of the peak rate: while the
-rate decayed (steps {decay.step_from.iloc[0]}–{decay.step_to.iloc[0]}) every member's held-out loss still fell by
-{decay.gain.min():.2f}–{decay.gain.max():.2f} nats, and the deeper members, slower to start, were further from their
-floor (the curves are in the run's `curves` table). With {xinfo['tokens_per_member']:,} tokens (under one pass over the
-corpus) these members are step-limited, so their losses against depth measure the optimiser as much as the
-architecture — the caveat chapter 6's series carries too, whose untied models reach
-{series_loss[both]:.3f} at ℓ = {both} with chapter 6's recipe (weight decay, a cosine schedule) against
-{xt.loc[('untied', both), 'val_loss']:.3f} here.
-
-Signatures at the deepest members: θ(Δh) {xdd.loc[('untied', deep['untied']), 'theta_dh_mean']:.2f} (untied),
-{xdd.loc[('looped', deep['looped']), 'theta_dh_mean']:.2f} (looped), {xdd.loc[('tied', deep['tied']), 'theta_dh_mean']:.2f} rad
-(tied); long-lag cosine {xdd.loc[('untied', deep['untied']), 'long_lag_cos']:.2f}, \
-{xdd.loc[('looped', deep['looped']), 'long_lag_cos']:.2f}
-and {xdd.loc[('tied', deep['tied']), 'long_lag_cos']:.2f} (this chapter's diagnostics average the long lags over all
-blocks, chapter 3's over the middle ones)."""
-
-
 # ---- what the chapter can and cannot say, and its conclusion --------------------------------------------------------
-def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untied: results.Run,
-                certified_text: results.Run | None = None, hierarchy: results.Run | None = None) -> str:
+def limits_text(run: results.Run, toy: results.Run, untied: results.Run, certified_text: results.Run | None = None,
+                hierarchy: results.Run | None = None) -> str:
     """What this chapter can and cannot say, and what was not done (Markdown list): replicates, the grammar's size, the
-    models' width and parameters, sequences per member, the text parts' budgets (``certified_text``: the part at
+    models' width and parameters, sequences per member, the text part's budget (``certified_text``: the part at
     chapter 6's certified budget, when shown), the toy part's budget beside chapter 3's (``untied``), whether the root
     task and a deeper grammar were run (``hierarchy``: the unseen control, when shown) and what the `paper` profile
     (defined, not run) would train."""
     from depthlib.compose.chapter import PROFILES, describe_text_certified
-    info, xinfo, tinfo = _describe(run), _describe(text_run), _describe(toy)
+    info, tinfo = _describe(run), _describe(toy)
     not_done = ("a grammar deeper than the unseen control's (its root task is there, above)" if hierarchy is not None
                 else "classification of the root, and deeper grammars (no number in this book)")
     certified = ""
     if certified_text is not None:
         c = describe_text_certified(certified_text)
-        certified = (f" At chapter 6's certified budget (one seed, width {c['d_model']}, "
+        seeds = "one seed" if len(c["seeds"]) == 1 else f"{len(c['seeds'])} seeds"
+        certified = (f"\n* **On text**, at chapter 6's certified budget ({seeds}, width {c['d_model']}, "
                      f"{c['tokens_per_member'] / 1e6:.2f} M tokens a member before continuations, effective depths to "
-                     f"{max(max(d) for d in c['depths'].values())}) the intervals are again over held-out documents, "
-                     "and a member not certified after its continuations is reported as such.")
+                     f"{max(max(d) for d in c['depths'].values())}), the intervals are over held-out documents, not "
+                     "over retrained members, and a member not certified after its continuations is reported as such.")
     unseen = ""
     if hierarchy is not None:
         from depthlib.compose import hierarchy_views
@@ -456,7 +323,7 @@ def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untie
                   f"{cert['measured']}; so at this budget its exponents and slope changes are undecided, however "
                   "narrow their intervals.")
     losses = analysis.loss_table(run)
-    paper = PROFILES["paper"].run
+    paper, paper_text = PROFILES["paper"].run, PROFILES["paper"].text_certified
     return f"""
 * **Can:** on one target whose hierarchy and Bayes loss are known exactly, whether untied, looped and fully tied
   residual transformers of one width lose their excess loss with effective depth as a power law or at a threshold near
@@ -466,11 +333,8 @@ def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untie
 * **Cannot:** speak for language. The grammar has {info['length']} leaves and {info['grammar']['L']} levels, the models width
   {info['d_model']} and at most {losses.n_params.max():,} parameters, each member saw
   {info['sequences_per_member']:,} fresh sequences; the excess losses of the deep members were still falling when the
-  1 % rule on the total loss was met, so their values (and every α fitted through them) are those of this budget.{unseen}
-* **On text**, one seed per member at width {xinfo['d_model']} and {xinfo['tokens_per_member']:,} tokens: the intervals
-  are over the held-out documents, not over retrained members; the depths reach
-  {max(max(d) for d in xinfo['depths'].values())}; and the members are step-limited (still gaining while their rate
-  decayed), so the text part cannot say what reusing depth does to the converged law.{certified}
+  1 % rule on the total loss was met, so their values (and every α fitted through them) are those of this
+  budget.{unseen}{certified}
 * **Not done (cut for the budget):** {not_done}; more than one seed on text. The looped toy students were run with
   {tinfo['replicates']} replicates and depths
   {', '.join(map(str, tinfo['depths']))} (chapter 3's untied students: {untied.config['cells'][0][2]} replicates,
@@ -481,9 +345,10 @@ def limits_text(run: results.Run, toy: results.Run, text_run: results.Run, untie
   ({paper.grammar.v}, {paper.grammar.m}, {paper.grammar.s}, {paper.grammar.L}), {paper.grammar.length} leaves), width
   {paper.model.d_model}, effective depths {min(paper.depths)}–{max(paper.depths)}, {len(paper.seeds)} replicates and
   {paper.train.steps:,} steps × {paper.train.batch_size} sequences per member, so that depths span well past L and the
-  excess converges; on real text the `paper` profile's text part (defined, not run: width
-  {PROFILES['paper'].text.model.d_model}, effective depths up to {max(PROFILES['paper'].text.depths)},
-  {PROFILES['paper'].text.train.steps:,} steps × {PROFILES['paper'].text.train.batch_size} windows) and,
+  excess converges; on real text the `paper` profile's text part (defined, not run: chapter 6's `paper` series, width
+  {paper_text.series.model.d_model}, effective depths up to {max(paper_text.depths)}, {len(paper_text.seeds)} seeds,
+  {paper_text.series.train.steps:,} steps × {paper_text.series.train.batch_size} windows of
+  {paper_text.series.model.context} tokens before continuations) and,
   beyond it, a web-scale corpus with enough tokens per parameter (Chinchilla's ≈ 20) at every effective depth and
   several seeds — hours of one GPU per family.
 """
@@ -644,32 +509,6 @@ student's there, with a local slope of {last.slope:.2f} [{last.lo:.2f}, {last.hi
 last 20 %: {100 * looped_rows.rel_improvement_last20.max():.3f} %); the run's second and third segments took
 {tinfo['wall_time_s'] / 60:.0f} min on one core (the first, which trained six of the tied teacher's chain students, is not
 in the run's wall time).
-"""
-
-
-def text_conclusion_text(text_run: results.Run) -> str:
-    """The conclusion on text (Markdown): the run's budget, the untied α_ℓ, the looped and tied families' losses along
-    depth (nats/token), the paired differences at equal parameters and wall time (min)."""
-    xinfo = _describe(text_run)
-    xt = analysis.text_losses(text_run).set_index(["family", "depth"])
-    xa = analysis.text_alphas(text_run).set_index("family")
-    dd = analysis.text_differences(text_run).set_index(["family", "depth", "against"])
-    deep = {f: max(d) for f, d in xinfo["depths"].items()}
-
-    xalpha, xdiff, side, loss_path = _bound(xa, dd, xt)
-    return f"""**On chapter 6's text** (one seed, width {xinfo['d_model']}, {xinfo['tokens_per_member']:,} tokens per member,
-95 % bootstrap intervals over the {xinfo['n_held_out_documents']} held-out documents) the question is **not answered at
-this scale**. No depth law can be read: the untied family's α_ℓ is {xalpha('untied')}, and the looped and fully tied
-families' held-out losses rise with effective depth (looped {loss_path('looped')}; tied {loss_path('tied')}), so no
-decreasing law fits them. At equal parameters reuse does not help either: the looped member at ℓ = {deep['looped']} is
-{side('looped', deep['looped'], 'same parameters')} than the untied member with its three blocks
-({xdiff('looped', deep['looped'], 'same parameters')} nats/token), the tied one at ℓ = {deep['tied']}
-{side('tied', deep['tied'], 'same parameters')} than the one-block model ({xdiff('tied', deep['tied'], 'same parameters')}).
-Every member was still gaining while its learning rate decayed, so what these numbers show is that, with
-{xinfo['steps']:,} steps, a deeper reused block is harder to train — not what it could reach. Answering the question on
-text needs members trained to their floor: the families at chapter 6's certified budget (their section above) and,
-beyond a 2-core machine, the `paper` profile's text part. The text run took {xinfo['wall_time_s'] / 60:.0f} min of wall
-time, two members at a time on a machine shared with other runs.
 """
 
 

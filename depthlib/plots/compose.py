@@ -46,24 +46,6 @@ def _mark_depth(fig: go.Figure, L: int, text: str) -> None:
     fig.add_annotation(x=np.log10(L), y=1, yref="paper", text=text, showarrow=False, xanchor="left", yanchor="top")
 
 
-def paired_differences(diffs: pd.DataFrame) -> go.Figure:
-    """Held-out loss of a looped or tied member minus the untied member's (same effective depth: solid; same
-    parameters: dotted), with 95 % paired bootstrap intervals over documents; below 0 the reusing member is better."""
-    fig = plots.new_figure("Reusing depth against untied depth on text: loss difference (95 % paired bootstrap)",
-                           "effective depth ℓ (block applications)", "Δ held-out loss vs untied (nats/token)",
-                           log_x=True)
-    for (family, against), g in diffs.groupby(["family", "against"], sort=False):
-        g = g.sort_values("depth")
-        fig.add_trace(go.Scatter(x=g["depth"], y=g["difference"], mode="lines+markers",
-                                 error_y=_errors(g, "difference", "lo", "hi"),
-                                 line=dict(color=FAMILY_COLORS.get(family),
-                                           dash="solid" if against == "same depth" else "dot"),
-                                 marker=dict(size=9), name=f"{FAMILY_NAMES.get(family, family)} − untied, {against}"))
-    fig.add_hline(y=0, line=dict(color="#666", width=1))
-    fig.update_xaxes(**plots.log_ticks(diffs["depth"]))
-    return fig
-
-
 def alpha_forest(alphas: pd.DataFrame) -> go.Figure:
     """α_ℓ of every family and law with its 95 % t interval over replicates, coloured by family (legend); 1 (ensemble
     averaging) and 3 (procedural assembly's smooth-flow rate, paper §4) marked."""
