@@ -1,10 +1,8 @@
 """Chapter 7's three families on chapter 6's text, at chapter 6's certified budget (results-cache experiment
 ``compose-text-certified``).
 
-The paper's §5 proposes reusing depth (looped blocks) as a way to make depth procedural or compositional. Chapter 7's
-first text part (:mod:`depthlib.compose.text`) trained its own transformer on 2 M tokens a member and could not
-answer: every member was still falling. This part trains the families at exactly the budget of chapter 6's converged
-series (:mod:`depthlib.lm.converged`) with the same certificate, so the only difference between two members of the
+The paper's §5 proposes reusing depth (looped blocks) as a way to make depth procedural or compositional. This part
+trains the families on text at exactly the budget of chapter 6's converged series (:mod:`depthlib.lm.converged`) with the same certificate, so the only difference between two members of the
 same effective depth is how they reuse their blocks:
 
 * **untied**: chapter 6's certified members themselves (read from its run, never retrained: the same model, tokens,
