@@ -10,6 +10,8 @@ depthlib.compose.text_certified), on answers known by construction:
 """
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -208,6 +210,16 @@ def test_figures_draw_the_smoke_run_without_problems(smoke_run):
     assert not plots.figure_problems(alphas) and list(alphas.data[0].x) == list(e["alpha"])
     settings = v.settings_table(smoke_run).set_index("setting")["value"]
     assert settings["families (effective depths ℓ)"] == "untied: 1, 2, 4, 8; looped: 4, 8; tied: 1, 2, 4, 8"
+    sig = v.signatures_display(smoke_run)                            # one row per member, families in the book's order
+    assert len(sig) == len(v.loss_table(smoke_run)) and list(dict.fromkeys(sig.index.get_level_values(0))) == [
+        "untied", "looped", "tied"]
+    assert sig.loc[("tied", 1), "θ(Δh_l, Δh_l+1) (rad)"] == "—"     # one application: no consecutive updates
+    assert all(0 <= float(x) <= np.pi for x in sig["θ(h_l, h_l+1), middle (rad)"] if x != "—")
+    assert v.signatures_text(smoke_run).startswith("At effective depth ℓ = 8 ")
+    known = {"probe_summary": pd.DataFrame({"family": ["untied", "looped", "tied"], "depth": [12, 12, 12],
+                                            "theta_dh_mean": [1.42, 0.13, 0.9]})}
+    text = v.signatures_text(known)                               # a known answer: only the looped family below π/4
+    assert "1.42 rad (untied), 0.13 rad (looped), 0.90 rad (tied)" in text and text.endswith("ones: looped.")
     assert "tokens a member" in settings["main training"]
 
 

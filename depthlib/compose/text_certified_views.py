@@ -23,7 +23,8 @@ import pandas as pd
 from depthlib.lm import fit
 
 __all__ = ["answer", "difference_display", "difference_table", "exponent_display", "exponent_table", "loss_changes",
-           "loss_table", "measurements", "member_display", "settings_table"]
+           "loss_table", "measurements", "member_display", "settings_table", "signatures_display",
+           "signatures_text"]
 
 FAMILY_ORDER = ("untied", "looped", "tied")
 
@@ -198,6 +199,45 @@ def exponent_display(source) -> pd.DataFrame:
         "drop-one-depth range": [f"{a:.2f}–{b:.2f}" if np.isfinite(a) else "—"
                                  for a, b in zip(e["drop_one_min"], e["drop_one_max"])],
         "members certified": [f"{r.n_certified} of {r.n_members}" for r in e.itertuples()]}).set_index("family")
+
+
+def signatures_display(source) -> pd.DataFrame:
+    """Chapter 2's hidden-state signatures of every member's final stage (table ``probe_summary``, chapter 6's probes
+    on the held-out probe text): the mean angle θ(h_l, h_l+1) of the middle block applications, the mean angle
+    θ(Δh_l, Δh_l+1) between consecutive updates (π/2: unrelated updates, as in an ensemble; near 0: one direction, as
+    along a smooth flow) and the first and last application's angles, all in radians; one seed, so no interval (each
+    is a mean over the probe tokens). Depth 1 has no consecutive updates: "—"."""
+    p = _table(source, "probe_summary")
+    p = p.assign(order=p["family"].map({f: i for i, f in enumerate(FAMILY_ORDER)})).sort_values(["order", "depth"])
+
+    def rad(v) -> str:
+        return f"{v:.2f}" if np.isfinite(v) else "—"
+    return pd.DataFrame({"family": p["family"].astype(str), "effective depth ℓ": p["depth"].astype(int),
+                         "θ(h_l, h_l+1), middle (rad)": p["theta_middle_mean"].map(rad),
+                         "θ(Δh_l, Δh_l+1) (rad)": p["theta_dh_mean"].map(rad),
+                         "θ first block (rad)": p["theta_first"].map(rad),
+                         "θ last block (rad)": p["theta_last"].map(rad),
+                         "stage probed": p["stage"].astype(str).str.replace(r"^c(\d+)$", r"continuation \1",
+                                                                            regex=True)
+                         }).set_index(["family", "effective depth ℓ"])
+
+
+def signatures_text(source) -> str:
+    """One sentence (Markdown) from ``probe_summary``: at the deepest effective depth every family has, the angle
+    between consecutive updates θ(Δh) of each family (rad), read against π/2 (an ensemble's unrelated updates) and 0
+    (a flow's updates in one direction) by the half-way edge π/4 that chapter 3's signature rows use."""
+    p = _table(source, "probe_summary")
+    deep = int(p.groupby("family")["depth"].max().min())
+    at = p[p["depth"] == deep].set_index("family")["theta_dh_mean"]
+    fams = [f for f in _order(at.index) if np.isfinite(at[f])]
+    if not fams:
+        return f"At ℓ = {deep} no member has consecutive updates to compare."
+    said = ", ".join(f"{at[f]:.2f} rad ({f})" for f in fams)
+    near_flow = [f for f in fams if at[f] < np.pi / 4]
+    reading = (f"below π/4, nearer a flow's parallel updates than an ensemble's unrelated ones: {', '.join(near_flow)}"
+               if near_flow else "every family above π/4, nearer an ensemble's unrelated updates than a flow's")
+    return (f"At effective depth ℓ = {deep} the angle between consecutive updates θ(Δh_l, Δh_l+1) is {said}; "
+            f"{reading}.")
 
 
 def difference_display(source) -> pd.DataFrame:
