@@ -2,8 +2,9 @@
 ``compose-text-certified``).
 
 The paper's §5 proposes reusing depth (looped blocks) as a way to make depth procedural or compositional. This part
-trains the families on text at exactly the budget of chapter 6's converged series (:mod:`depthlib.lm.converged`) with the same certificate, so the only difference between two members of the
-same effective depth is how they reuse their blocks:
+trains the families on text at exactly the budget of chapter 6's converged series (:mod:`depthlib.lm.converged`)
+with the same certificate, so the only difference between two members of the same effective depth is how they reuse
+their blocks:
 
 * **untied**: chapter 6's certified members themselves (read from its run, never retrained: the same model, tokens,
   data order and continuations; the depths and seeds this part names must be among the series');
