@@ -115,7 +115,7 @@ def test_bad_grammar_is_refused(kw):
 
 # ---- the looped models ------------------------------------------------------------------------------------
 def test_schedules_and_parameter_counts():
-    cfg = M.ModelConfig(d_model=16, n_heads=2)
+    cfg = M.GrammarModelConfig(d_model=16, n_heads=2)
     one = M.parameter_counts(M.build_model(cfg, "untied", 1, 8, 8, 0))
     block = one["n_block_params"]
     assert block == 2 * 2 * 16 + 16 * 48 + 48 + 16 * 16 + 16 + 16 * 64 + 64 + 64 * 16 + 16
@@ -136,7 +136,7 @@ def test_schedules_and_parameter_counts():
 @pytest.mark.parametrize("family", ["tied", "looped"])
 def test_r_applications_of_one_block_equal_r_calls_of_it(family):
     torch.manual_seed(0)
-    m = M.build_model(M.ModelConfig(d_model=16, n_heads=2), family, 7, 8, 8, seed=3)
+    m = M.build_model(M.GrammarModelConfig(d_model=16, n_heads=2), family, 7, 8, 8, seed=3)
     x = torch.randint(0, 8, (5, 8))
     logits, hs = m(x, states=True)
     with torch.no_grad():
@@ -155,7 +155,7 @@ def test_r_applications_of_one_block_equal_r_calls_of_it(family):
 
 
 def test_the_model_is_causal_and_its_init_is_seeded():
-    cfg = M.ModelConfig(d_model=16, n_heads=2)
+    cfg = M.GrammarModelConfig(d_model=16, n_heads=2)
     a, b = M.build_model(cfg, "untied", 3, 8, 8, 1), M.build_model(cfg, "untied", 3, 8, 8, 1)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     x = torch.randint(0, 8, (2, 8))
@@ -170,7 +170,7 @@ def test_the_model_is_causal_and_its_init_is_seeded():
 def test_schedule_matches_the_converged_protocol():
     from depthlib.toy import converged
     assert (T.CONVERGED_BELOW, T.LAST_FRACTION) == (converged.CONVERGED_BELOW, converged.LAST_FRACTION)
-    cfg = T.TrainConfig(steps=100, evals=20, lr=1.0)
+    cfg = T.GrammarTrainConfig(steps=100, evals=20, lr=1.0)
     rates = [cfg.rate(s) for s in range(100)]
     assert rates[0] == 0.5 and rates[10] == 1.0 and rates[49] == 1.0
     assert all(r == pytest.approx(0.1) for r in rates[80:])
@@ -181,8 +181,8 @@ def test_a_tiny_member_converges_near_the_bayes_loss():
     """Converged-training check on a tiny instance: a 2-block model on a 4-leaf grammar meets the 1 % rule and ends
     within 0.05 nats of the exact Bayes loss."""
     g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 2, seed=1))
-    m = M.build_model(M.ModelConfig(d_model=16, n_heads=2), "untied", 2, 4, 4, seed=0)
-    rec = T.train(m, g, T.TrainConfig(steps=600, batch_size=64, lr=1e-2, n_held_out=512), seed=0)
+    m = M.build_model(M.GrammarModelConfig(d_model=16, n_heads=2), "untied", 2, 4, 4, seed=0)
+    rec = T.train(m, g, T.GrammarTrainConfig(steps=600, batch_size=64, lr=1e-2, n_held_out=512), seed=0)
     assert rec["converged"], rec["rel_improvement"]
     assert 0 <= rec["curve"]["excess"].iloc[-1] < 0.05
     assert rec["curve"]["excess"].iloc[0] > 0.3
@@ -190,10 +190,10 @@ def test_a_tiny_member_converges_near_the_bayes_loss():
 
 def test_training_stops_at_an_evaluation_and_replays_exactly():
     g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 2, seed=1))
-    cfg = T.TrainConfig(steps=40, batch_size=8, evals=20, n_held_out=16)
+    cfg = T.GrammarTrainConfig(steps=40, batch_size=8, evals=20, n_held_out=16)
     runs = []
     for _ in range(2):
-        m = M.build_model(M.ModelConfig(d_model=8, n_heads=2), "looped", 3, 4, 4, seed=0)
+        m = M.build_model(M.GrammarModelConfig(d_model=8, n_heads=2), "looped", 3, 4, 4, seed=0)
         runs.append(T.train(m, g, cfg, seed=1, stop_at=4)["curve"])
     assert list(runs[0]["step"]) == [0, 2, 4]
     assert runs[0].equals(runs[1])
@@ -204,7 +204,7 @@ def test_diagnostics_edits_and_signatures():
     from depthlib.compose.diagnostics import diagnose
     g = rhm.make_grammar(rhm.RHMConfig(4, 2, 2, 2, seed=1))
     x, b = T.held_out(g, 32, T.PROBE_STREAM)
-    untied = M.build_model(M.ModelConfig(d_model=16, n_heads=2), "untied", 6, 4, 4, seed=0)
+    untied = M.build_model(M.GrammarModelConfig(d_model=16, n_heads=2), "untied", 6, 4, 4, seed=0)
     d = diagnose(untied, x, float(b.mean()), n_permutations=3)
     edits = d["edits"]
     assert set(edits["edit"]) == {"delete", "swap", "permute"}
@@ -213,7 +213,7 @@ def test_diagnostics_edits_and_signatures():
     lags = d["lags"]
     assert list(lags["k"]) == [1, 2, 3, 4, 5]
     assert d["summary"]["cluster_evenly"] >= 0 and np.isfinite(d["summary"]["theta_middle_mean"])
-    tied = M.build_model(M.ModelConfig(d_model=16, n_heads=2), "tied", 6, 4, 4, seed=0)
+    tied = M.build_model(M.GrammarModelConfig(d_model=16, n_heads=2), "tied", 6, 4, 4, seed=0)
     t = diagnose(tied, x, float(b.mean()))
     assert set(t["edits"]["edit"]) == {"delete"}                       # a swap of one block is the same model
     assert np.allclose(t["edits"]["delta"], t["edits"]["delta"].iloc[0])

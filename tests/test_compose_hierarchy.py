@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from depthlib.compose import certify, fits, hierarchy, ngram, rhm, roots, unseen
-from depthlib.compose.model import ModelConfig
-from depthlib.compose.train import TrainConfig
+from depthlib.compose.model import GrammarModelConfig
+from depthlib.compose.train import GrammarTrainConfig
 from depthlib.errors import InputError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -91,7 +91,7 @@ def test_root_bayes_classifier_equals_enumeration(cfg):
 
 def test_a_root_classifier_reads_every_leaf_at_its_last_position():
     cfg = dataclasses.replace(hierarchy.HierarchyConfig("smoke", grammar=rhm.RHMConfig(4, 2, 2, 3)),
-                              model=ModelConfig(d_model=16, n_heads=2))
+                              model=GrammarModelConfig(d_model=16, n_heads=2))
     model = hierarchy.build_member(cfg, 0, "root", "untied", 2)
     assert model.position.num_embeddings == cfg.grammar.length + 1
     x = torch.from_numpy(rhm.sample(rhm.make_grammar(cfg.grammar), np.arange(5), 0))
@@ -151,7 +151,7 @@ def test_the_certificate_continues_until_a_continuation_gains_less_than_two_perc
         return curve, {"val_loss": model._excess + 1, "excess": model._excess, "accuracy": np.nan, "seconds": 0.0}
 
     monkeypatch.setattr(certify, "train_stage", fake_stage)
-    train = TrainConfig(steps=100, batch_size=4, evals=10)
+    train = GrammarTrainConfig(steps=100, batch_size=4, evals=10)
     cert = certify.Certificate(continuation=0.5, max_continuations=3)
     assert certify.GAIN_BELOW == 0.02                                       # the book's certificate, imported
     rec = certify.certify_member("leaf", torch.nn.Linear(1, 1), None, train, cert, 1000, None)
@@ -204,7 +204,7 @@ def test_two_segments_recover_a_known_break_and_a_straight_line_has_none():
 # ---- the run: resumable bit for bit, one-line errors -------------------------------------------------------
 TINY = hierarchy.HierarchyConfig(
     "smoke", grammar=rhm.RHMConfig(4, 2, 2, 3), families=("untied",), depths=(1, 2, 4), seeds=(0, 1),
-    model=ModelConfig(d_model=8, n_heads=2), train=TrainConfig(steps=10, batch_size=8, evals=5, n_held_out=32),
+    model=GrammarModelConfig(d_model=8, n_heads=2), train=GrammarTrainConfig(steps=10, batch_size=8, evals=5, n_held_out=32),
     certificate=certify.Certificate(max_continuations=1), n_probe=16, n_permutations=2, n_bootstrap=20)
 
 
@@ -322,7 +322,7 @@ def test_the_root_certificate_reads_the_error_and_stops_at_zero_errors(monkeypat
     sequences is certified; one still fixing many is not."""
     held = certify.HeldOut(torch.zeros((100, 4), dtype=torch.long), torch.zeros(100, dtype=torch.long),
                            np.zeros((100, 4)))
-    train = TrainConfig(steps=100, batch_size=4, evals=10)
+    train = GrammarTrainConfig(steps=100, batch_size=4, evals=10)
     cert = certify.Certificate(max_continuations=3)
     assert cert.floor("root", 100) == pytest.approx(0.03) and cert.floor("leaf", 100) == cert.resolution
     calls = _scripted(monkeypatch, [0.05, 0.02, 0.0], [0.14, 0.07, 0.0002])

@@ -10,7 +10,7 @@
   accuracy is recorded beside it.
 
 **A stage** (:func:`train_stage`) is one fresh schedule, chapter 3's converged schedule of
-:class:`depthlib.compose.train.TrainConfig` (warm-up, constant, linear decay to 10 % at 80 %, held there), AdamW with
+:class:`depthlib.compose.train.GrammarTrainConfig` (warm-up, constant, linear decay to 10 % at 80 %, held there), AdamW with
 GPT-NeoX's betas and no weight decay, a global gradient-norm clip, one fresh batch per step: the sample indices
 ``start … start + steps·batch − 1`` of the training stream (:func:`depthlib.compose.rhm.sample`), so a member's
 training sequences are known exactly and can be checked against the held-out set (:mod:`depthlib.compose.unseen`).
@@ -54,7 +54,7 @@ from depthlib.certificate import GAIN_BELOW
 from depthlib.compose import rhm
 from depthlib.compose.model import ComposeModel, token_nll
 from depthlib.compose.roots import evaluate_root, root_nll
-from depthlib.compose.train import TRAIN_STREAM, TrainConfig, evaluate
+from depthlib.compose.train import TRAIN_STREAM, GrammarTrainConfig, evaluate
 from depthlib.errors import InputError
 
 TASKS = ("leaf", "root")
@@ -88,7 +88,7 @@ class Certificate:
         ``resolution_sequences`` of the ``n_held_out`` held-out roots (root: an error rate)."""
         return self.resolution if task == "leaf" else self.resolution_sequences / max(int(n_held_out), 1)
 
-    def continuation_config(self, train: TrainConfig, trained: int | None = None) -> TrainConfig:
+    def continuation_config(self, train: GrammarTrainConfig, trained: int | None = None) -> GrammarTrainConfig:
         """The schedule of a continuation of a member trained ``trained`` steps (default: the main stage's):
         ``continuation × trained`` steps (a multiple of the evaluations) — half its steps *so far*, so a slow tail
         cannot pass by the member growing old — the same base rate and shape."""
@@ -96,7 +96,7 @@ class Certificate:
         steps = int(round(self.continuation * so_far / train.evals)) * train.evals
         return dataclasses.replace(train, steps=max(train.evals, steps))
 
-    def span(self, train: TrainConfig) -> int:
+    def span(self, train: GrammarTrainConfig) -> int:
         """Training sequences one replicate may draw: the main stage and every continuation, each as long as it
         can be (every earlier continuation having lowered the loss)."""
         total = train.steps
@@ -163,7 +163,7 @@ def _evaluate_on(model: ComposeModel, held: HeldOut) -> np.ndarray:
     return out.numpy()
 
 
-def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: TrainConfig, start: int, held: HeldOut,
+def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, start: int, held: HeldOut,
                 *, on_step=None, stop_at: int | None = None) -> tuple[pd.DataFrame, dict]:
     """One fresh schedule of ``cfg`` from the model's current weights, on the training samples ``start …
     start + steps·batch − 1``. Returns the curve (step, lr, train_loss, val_loss, excess, accuracy) and the final
@@ -204,7 +204,7 @@ def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Train
     return pd.DataFrame(rows), {**m, "seconds": time.perf_counter() - t0}
 
 
-def certify_member(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: TrainConfig, cert: Certificate,
+def certify_member(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, cert: Certificate,
                    base: int, held: HeldOut, *, on_step=None) -> dict:
     """Train ``model`` (main stage on samples ``base …``), then continue it until a continuation lowers the certified
     quantity (:func:`certified_value`) by less than the certificate allows (each continuation on the next fresh samples
@@ -218,7 +218,7 @@ def certify_member(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Tr
     start = base
     floor = cert.floor(task, len(held.leaves)) if held is not None else cert.resolution
 
-    def run(name: str, net: ComposeModel, schedule: TrainConfig, parent_steps: int) -> dict:
+    def run(name: str, net: ComposeModel, schedule: GrammarTrainConfig, parent_steps: int) -> dict:
         nonlocal start
         curve, final = train_stage(task, net, grammar, schedule, start, held, on_step=on_step)
         first = curve.iloc[0]

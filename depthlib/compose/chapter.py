@@ -22,10 +22,10 @@ from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
 from depthlib.compose.hierarchy import HierarchyConfig
 from depthlib.compose.looped_toy import LoopedToyConfig
-from depthlib.compose.model import ModelConfig
+from depthlib.compose.model import GrammarModelConfig
 from depthlib.compose.rhm import RHMConfig
 from depthlib.compose.text_certified import TextCertifiedConfig
-from depthlib.compose.train import TrainConfig
+from depthlib.compose.train import GrammarTrainConfig
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.lm import chapter as lm_chapter
@@ -125,14 +125,14 @@ class ComposeProfile(Profile):
 PROFILES: dict[str, ComposeProfile] = {
     "smoke": ComposeProfile("smoke", ComposeConfig(
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
-        model=ModelConfig(d_model=16, n_heads=2),
-        train=TrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2),
+        model=GrammarModelConfig(d_model=16, n_heads=2),
+        train=GrammarTrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2),
         LoopedToyConfig("smoke", ConvergedConfig(
             "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(1, 2, 4, 8), steps_deepest=40, batch=32,
             pool_batches=8, evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16), continuations=1),
         HierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
-                        model=ModelConfig(d_model=16, n_heads=2),
-                        train=TrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
+                        model=GrammarModelConfig(d_model=16, n_heads=2),
+                        train=GrammarTrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
                         certificate=Certificate(max_continuations=1), n_probe=32, n_permutations=2, n_bootstrap=50),
         TextCertifiedConfig("smoke", series=lm_chapter.PROFILES["smoke"].converged, depths=(1, 2, 4, 8),
                             n_bootstrap=50)),
@@ -145,16 +145,16 @@ PROFILES: dict[str, ComposeProfile] = {
                                               depths=(1, 2, 3, 4, 6, 8, 12))),
     "paper": ComposeProfile("paper", ComposeConfig(
         "paper", grammar=RHMConfig(v=16, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24),
-        seeds=(0, 1, 2, 3, 4), model=ModelConfig(d_model=128, n_heads=4),
-        train=TrainConfig(steps=20_000, batch_size=256, lr=1e-3, n_held_out=8192), n_probe=2048,
+        seeds=(0, 1, 2, 3, 4), model=GrammarModelConfig(d_model=128, n_heads=4),
+        train=GrammarTrainConfig(steps=20_000, batch_size=256, lr=1e-3, n_held_out=8192), n_probe=2048,
         n_permutations=8),
         LoopedToyConfig("paper", ConvergedConfig(
             "paper", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48, 96), steps_deepest=40_000,
             batch=1024, pool_batches=4_096), continuations=2),
         HierarchyConfig("paper", grammar=RHMConfig(v=8, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
                         seeds=(0, 1, 2, 3, 4),
-                        model=ModelConfig(d_model=128, n_heads=4),
-                        train=TrainConfig(steps=20_000, batch_size=256, lr=1e-3, evals=20, n_held_out=8192),
+                        model=GrammarModelConfig(d_model=128, n_heads=4),
+                        train=GrammarTrainConfig(steps=20_000, batch_size=256, lr=1e-3, evals=20, n_held_out=8192),
                         n_probe=2048, n_permutations=8, n_bootstrap=2000),
         TextCertifiedConfig("paper", series=lm_chapter.PROFILES["paper"].converged,
                             depths=(1, 2, 3, 4, 6, 8, 12, 16), seeds=(0, 1, 2))),

@@ -29,8 +29,8 @@ import torch
 from depthlib import results
 from depthlib.compose import rhm
 from depthlib.compose.diagnostics import diagnose
-from depthlib.compose.model import FAMILIES, MIN_DEPTH, ModelConfig, build_model, parameter_counts
-from depthlib.compose.train import PROBE_STREAM, TrainConfig, held_out, train
+from depthlib.compose.model import FAMILIES, MIN_DEPTH, GrammarModelConfig, build_model, parameter_counts
+from depthlib.compose.train import PROBE_STREAM, GrammarTrainConfig, held_out, train
 from depthlib.contract import from_dict, to_dict
 from depthlib.errors import InputError
 from depthlib.validate import distinct, int_in_range
@@ -49,8 +49,8 @@ class ComposeConfig:
     families: tuple = FAMILIES
     depths: tuple = (1, 2, 3, 4, 6, 8)       # effective depths; a family trains those ≥ its minimum (looped: 3)
     seeds: tuple = (0, 1, 2)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    model: GrammarModelConfig = field(default_factory=GrammarModelConfig)
+    train: GrammarTrainConfig = field(default_factory=GrammarTrainConfig)
     n_probe: int = 512                        # probe sequences (stream 2) for the diagnostics
     n_permutations: int = 4
 

@@ -90,9 +90,9 @@ from depthlib import results
 from depthlib.compose import fits, ngram, rhm, unseen
 from depthlib.compose.certify import TASKS, Certificate, HeldOut, certify_member, train_stage
 from depthlib.compose.diagnostics import diagnose
-from depthlib.compose.model import FAMILIES, MIN_DEPTH, ModelConfig, build_model, parameter_counts
+from depthlib.compose.model import FAMILIES, MIN_DEPTH, GrammarModelConfig, build_model, parameter_counts
 from depthlib.compose.roots import root_bayes_table, root_edits
-from depthlib.compose.train import HELD_OUT_STREAM, PROBE_STREAM, TRAIN_STREAM, TrainConfig
+from depthlib.compose.train import HELD_OUT_STREAM, PROBE_STREAM, TRAIN_STREAM, GrammarTrainConfig
 from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.validate import distinct, int_in_range
@@ -116,8 +116,8 @@ class HierarchyConfig(Profile):
     families: tuple = FAMILIES
     depths: tuple = (1, 2, 3, 4, 6, 8)
     seeds: tuple = (0, 1, 2)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=1000, batch_size=64, evals=10,
+    model: GrammarModelConfig = field(default_factory=GrammarModelConfig)
+    train: GrammarTrainConfig = field(default_factory=lambda: GrammarTrainConfig(steps=1000, batch_size=64, evals=10,
                                                                    n_held_out=2048))
     certificate: Certificate = field(default_factory=Certificate)
     n_probe: int = 512

@@ -37,14 +37,14 @@ MIN_DEPTH = {"untied": 1, "looped": 3, "tied": 1}
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class GrammarModelConfig:
     """Everything but the family and the depth: width, heads, MLP ratio."""
 
     d_model: int = 32
     n_heads: int = 2
     mlp_ratio: int = 4
 
-    def validate(self) -> "ModelConfig":
+    def validate(self) -> "GrammarModelConfig":
         int_in_range("d_model", self.d_model, 4, 1 << 14)
         int_in_range("n_heads", self.n_heads, 1, self.d_model)
         if self.d_model % self.n_heads:
@@ -86,7 +86,7 @@ class ComposeModel(nn.Module):
     """A causal LM over ``vocab`` symbols (plus a start symbol, id ``vocab``) on sequences of ``length`` tokens, with
     the blocks and schedule of ``family`` at effective depth ``depth``."""
 
-    def __init__(self, cfg: ModelConfig, family: str, depth: int, vocab: int, length: int):
+    def __init__(self, cfg: GrammarModelConfig, family: str, depth: int, vocab: int, length: int):
         super().__init__()
         cfg.validate()
         self.family, self.depth, self.vocab = family, int(depth), int(vocab)
@@ -133,7 +133,7 @@ class ComposeModel(nn.Module):
         return (logits, hs) if states else logits
 
 
-def build_model(cfg: ModelConfig, family: str, depth: int, vocab: int, length: int, seed: int) -> ComposeModel:
+def build_model(cfg: GrammarModelConfig, family: str, depth: int, vocab: int, length: int, seed: int) -> ComposeModel:
     return ComposeModel(cfg, family, depth, vocab, length).init_weights(seed)
 
 
@@ -150,5 +150,5 @@ def parameter_counts(model: ComposeModel) -> dict:
             "n_blocks": len(model.blocks)}
 
 
-__all__ = ["FAMILIES", "MIN_DEPTH", "Block", "ComposeModel", "ModelConfig", "build_model", "parameter_counts",
+__all__ = ["FAMILIES", "MIN_DEPTH", "Block", "ComposeModel", "GrammarModelConfig", "build_model", "parameter_counts",
            "schedule", "token_nll"]

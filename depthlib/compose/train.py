@@ -35,7 +35,7 @@ TRAIN_STREAM, HELD_OUT_STREAM, PROBE_STREAM = 0, 1, 2
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class GrammarTrainConfig:
     """Optimiser and schedule, the same for every family and depth."""
 
     steps: int = 2000
@@ -51,7 +51,7 @@ class TrainConfig:
     evals: int = 20                 # held-out evaluations (every 5 %: 80 % of the steps is one of them)
     n_held_out: int = 2048          # held-out sequences (stream 1)
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> "GrammarTrainConfig":
         int_in_range("evals", self.evals, 5, 10_000)
         int_in_range("steps", self.steps, self.evals, 10_000_000)
         if self.steps % self.evals:
@@ -114,7 +114,7 @@ def relative_improvement(curve: pd.DataFrame, column: str) -> float:
     return (before - final) / before
 
 
-def train(model: ComposeModel, grammar: rhm.Grammar, cfg: TrainConfig, *, seed: int,
+def train(model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, *, seed: int,
           data: tuple[torch.Tensor, np.ndarray] | None = None, on_step=None, stop_at: int | None = None) -> dict:
     """Train ``model`` on fresh samples (the batch order is the sample index, the same for every member; ``seed``
     shifts the stream so replicates see different samples); returns ``curve`` (step, lr, train_loss, val_loss,
@@ -164,6 +164,6 @@ def train(model: ComposeModel, grammar: rhm.Grammar, cfg: TrainConfig, *, seed: 
             "bayes_per_seq": bayes.mean(1)}
 
 
-__all__ = ["CONVERGED_BELOW", "HELD_OUT_STREAM", "LAST_FRACTION", "PROBE_STREAM", "TRAIN_STREAM", "TrainConfig",
+__all__ = ["CONVERGED_BELOW", "HELD_OUT_STREAM", "LAST_FRACTION", "PROBE_STREAM", "TRAIN_STREAM", "GrammarTrainConfig",
            "evaluate", "held_out",
            "relative_improvement", "train"]
