@@ -41,6 +41,16 @@ def test_short_log_axes_get_at_least_three_labels_inside_the_data():
                                                               "5×10<sup>−5</sup>", "7×10<sup>−5</sup>"]
 
 
+def test_log_ticks_span_the_error_bars_autorange_shows():
+    # points within one decade (every digit would be labelled) whose intervals reach two decades further: the labels
+    # follow the whole axis autorange draws, so they are decades, not crowded digits in a sliver of it
+    fig = plots.new_figure("t", "x (unit)", "y (unit)", log_y=True)
+    fig.add_trace(go.Scatter(x=[1, 2, 3], y=[0.05, 0.1, 0.4],
+                             error_y=dict(type="data", array=[5.0, 0.1, 0.1], arrayminus=[0.0495, 0.05, 0.2])))
+    plots.decade_ticks(fig)
+    assert _labelled_inside(fig.layout.yaxis, 0.0005, 5.05) == ["0.001", "0.01", "0.1", "1"]
+
+
 def test_slider_steps_switch_the_log_ticks_with_the_traces_they_show():
     fig = plots.new_figure("t", "x (unit)", "y (unit)", log_y=True)
     fig.add_trace(go.Scatter(x=[1, 2, 3], y=[0.0101, 0.0104, 0.0108]))

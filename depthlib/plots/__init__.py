@@ -82,9 +82,22 @@ def new_figure(title: str, x_title: str, y_title: str, *, log_x: bool = False, l
     return fig
 
 
+def _error_ends(trace, letter: str, arr: np.ndarray) -> list[np.ndarray]:
+    """The ends of a trace's error bars along ``letter`` (type "data": ``array`` above, ``arrayminus`` or else
+    ``array`` below), which autorange shows as well as the points."""
+    err = getattr(trace, f"error_{letter}", None)
+    if err is None or err.visible is False or err.array is None or (err.type or "data") != "data":
+        return []
+    plus = np.asarray(err.array, dtype=float).ravel()
+    minus = plus if err.arrayminus is None else np.asarray(err.arrayminus, dtype=float).ravel()
+    if len(plus) != len(arr) or len(minus) != len(arr):
+        return []
+    return [arr + plus, arr - minus]
+
+
 def _axis_values(fig: go.Figure, axis: str, traces: Iterable[int] | None = None) -> np.ndarray:
     """The finite positive data values drawn on layout axis ``axis`` ('xaxis', 'yaxis2', ...) by the traces numbered
-    ``traces`` (default: every trace)."""
+    ``traces`` (default: every trace), the ends of their error bars included (autorange spans them too)."""
     letter, suffix = axis[0], axis[5:]
     chosen = range(len(fig.data)) if traces is None else traces
     values = []
@@ -99,7 +112,8 @@ def _axis_values(fig: go.Figure, axis: str, traces: Iterable[int] | None = None)
             arr = np.asarray(data, dtype=float).ravel()
         except (TypeError, ValueError):
             continue
-        values.append(arr[np.isfinite(arr) & (arr > 0)])
+        for a in (arr, *_error_ends(trace, letter, arr)):
+            values.append(a[np.isfinite(a) & (a > 0)])
     return np.concatenate(values) if values else np.array([])
 
 

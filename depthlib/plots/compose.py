@@ -220,8 +220,10 @@ def hierarchy_loss_vs_depth(losses: pd.DataFrame, quantity: str, L: int, baselin
                                  marker=dict(size=9, symbol=["circle" if c else "circle-open" for c in full]),
                                  name=FAMILY_NAMES.get(family, family)))
     if baseline is not None and np.isfinite(baseline):
-        fig.add_hline(y=baseline, line=dict(dash="dash", color="#444"), annotation_text="best n-gram table",
-                      annotation_position="top right")
+        # a trace, not a shape: the legend names it (no annotation to collide with L's label) and the log axis's
+        # ticks (plots.decade_ticks) see its value, which may lie far from the members'
+        fig.add_trace(go.Scatter(x=[g["depth"].min(), g["depth"].max()], y=[baseline, baseline], mode="lines",
+                                 line=dict(dash="dash", color="#444"), name="best n-gram table"))
     _mark_depth(fig, L, f"grammar depth L = {L}")
     fig.update_xaxes(**plots.log_ticks(g["depth"]))
     return fig
@@ -312,8 +314,8 @@ def hierarchy_edits(costs: pd.DataFrame, task: str, L: int) -> go.Figure:
     intervals (each nudged a few % of ℓ sideways so that they do not cover each other); zero and the grammar's depth L
     marked. An ensemble's moves cost less than its deletions (chapter 5); an assembly line's cost more."""
     c = costs[costs["task"] == task]
-    fig = plots.new_figure(f"Chapter 5's edits on the hierarchy control ({'next leaf' if task == 'leaf' else 'root'}): "
-                           "moving blocks against deleting one", "effective depth ℓ (block applications)",
+    fig = plots.new_figure(f"Hierarchy control, {'next leaf' if task == 'leaf' else 'root'}: moving blocks against "
+                           "deleting one", "effective depth ℓ (block applications)",
                            HIERARCHY_EDIT_AXES[task], log_x=True)
     for (family, edit), g in c.groupby(["family", "edit"], sort=False):
         g = g.dropna(subset=["value"]).sort_values("depth")
