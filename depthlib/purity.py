@@ -169,10 +169,14 @@ def restamp(run: results.Run, replay: dict) -> str:
     if not run.stale:
         return f"fresh      {run.experiment}/{run.key}: already computed by the current code"
     compared = replay.get("experiments")
-    why = ("the replay differs: " + ", ".join(replay["differences"][:4]) if not replay["equal"]
-           else f"it was not fresh at {replay['before_commit']}" if not _fresh_at(run, replay["before_commit"])
-           else "its part was not replayed (retired or added by the change)"
-           if compared is not None and run.experiment not in compared else None)
+    if not replay["equal"]:
+        why = "the replay differs: " + ", ".join(replay["differences"][:4])
+    elif not _fresh_at(run, replay["before_commit"]):
+        why = f"it was not fresh at {replay['before_commit']}"
+    elif compared is not None and run.experiment not in compared:
+        why = "its part was not replayed (retired or added by the change)"
+    else:
+        why = None
     if why is not None:
         return f"recompute  {run.experiment}/{run.key}: {why}"
     modules = list(results.compute_modules(compute_entry(run.experiment)))
