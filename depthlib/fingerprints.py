@@ -50,7 +50,7 @@ GLUE_MODULES = frozenset({
     "depthlib", "depthlib.errors", "depthlib.results", "depthlib.executors", "depthlib.paths", "depthlib.validate",
     "depthlib.finite", "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract",
     "depthlib.plots", "depthlib.inputs", "depthlib.store", "depthlib.lifecycle", "depthlib.selection",
-    "depthlib.fingerprints", "depthlib.purity", "depthlib.models.checks",
+    "depthlib.fingerprints", "depthlib.purity", "depthlib.models.checks", "depthlib.units",
 })
 GLUE_SUFFIXES = (".chapter", ".shards")
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from depthlib import chapters, cli, settings
+from depthlib import chapters, cli, paths, settings
 from depthlib.errors import InputError
 
 
@@ -204,8 +204,8 @@ def test_toy_custom_settings_change_its_sweep(recorded, capsys, monkeypatch):
     recorded("toy")
     computed = []
     monkeypatch.setattr(chapter, "compute", lambda cfg, device, **kw: computed.append((cfg, device, kw)) or
-                        _Run(chapter.paths.REPO_ROOT / "data" / "results" / "toy" / next(
-                            p.name for p in (chapter.paths.REPO_ROOT / "data" / "results" / "toy").iterdir())))
+                        _Run(paths.REPO_ROOT / "data" / "results" / "toy" / next(
+                            p.name for p in (paths.REPO_ROOT / "data" / "results" / "toy").iterdir())))
     monkeypatch.setattr(chapter, "summary", lambda run: {"summarised": True})
     assert cli.main(["toy", "--set", "sweep.steps=20", "--json"]) == 0
     cfg, device, kw = computed[-1]

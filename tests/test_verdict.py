@@ -98,7 +98,7 @@ def test_middle_update_angle():
 
 def _protocol_config(protocol: str, profile: str = "cpu") -> dict:
     """The settings chapter 3's ``protocol`` run has under ``profile`` (what its notebook selects on)."""
-    return toy_chapter.PROTOCOLS[protocol].config(profile).to_dict()
+    return toy_chapter.protocol_config(protocol, profile).to_dict()
 
 
 def _converged_run(root, rows, unconverged=(), config=None):

@@ -7,13 +7,12 @@ diagram, and ``calibration-tied`` / ``calibration-independent``, its two long ed
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from depthlib import paths, results
+from depthlib import results, units
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.toy import certified, converged
@@ -25,6 +24,7 @@ from depthlib.toy.sweep import (
     grid,
     run_sweep,
 )
+from depthlib.units import UnitProtocol
 
 #: The calibration (paper §4, Fig. 4a,b): the two edge cells at T = 1, the paper's unnormalised teachers, one run
 #: each (so they train side by side as two 1-thread processes). Both in the exp-9-3 form (the student is given
@@ -446,213 +446,79 @@ def _rounded(x, digits: int = 3):
 #: 4 hours on 2 one-thread workers, resumable stage by stage. paper: 40,000 steps × 1,024 per route, for a GPU.
 
 
-@dataclass(frozen=True)
-class Protocol:
-    """One of chapter 3's protocols: its experiment (the merged run), its units' experiment (one run per teacher,
-    temperature and replicate), its compute module and its profile settings (``ToyProfile.<name>``)."""
-
-    name: str
-    experiment: str
-    units: str
-    module: object
-    unit_tables: tuple[str, ...]          # what a unit's ``train_unit`` returns, in order
-
-    def config(self, profile: str):
-        return getattr(PROFILES[profile], self.name)
-
-    def config_class(self):
-        return type(self.config("smoke"))
-
-    def label(self, cell: dict) -> str:
-        return (f"{self.name}-{converged.TEACHER_KINDS[cell['rho']]}-T{cell['temperature']:g}"
-                f"-r{cell['replicate']}")
+#: Chapter 3's two protocols, each a run made of units (:class:`depthlib.units.UnitProtocol`), trained and merged
+#: by the one units runner (:mod:`depthlib.units`)
+PROTOCOLS = {
+    "converged": UnitProtocol("converged", CONVERGED_EXPERIMENT, CONVERGED_UNITS, COMPUTE[CONVERGED_UNITS],
+                              "depthlib.toy.converged:ConvergedConfig", ("converged", "curves"),
+                              "depthlib.toy.chapter:merge_converged", stage_format="triple"),
+    "certified": UnitProtocol("certified", CERTIFIED_EXPERIMENT, CERTIFIED_UNITS, COMPUTE[CERTIFIED_UNITS],
+                              "depthlib.toy.certified:CertifiedConfig", ("stages", "curves", "certified"),
+                              "depthlib.toy.chapter:merge_certified")}
 
 
-PROTOCOLS = {"converged": Protocol("converged", CONVERGED_EXPERIMENT, CONVERGED_UNITS, converged,
-                                   ("converged", "curves")),
-             "certified": Protocol("certified", CERTIFIED_EXPERIMENT, CERTIFIED_UNITS, certified,
-                                   ("stages", "curves", "certified"))}
+def protocol_config(protocol: str, profile: str):
+    """The settings of ``protocol`` (converged | certified) under ``profile`` (``ToyProfile.<protocol>``)."""
+    return getattr(PROFILES[profile], protocol)
 
 
-def _stage_io(protocol: Protocol, run: results.Run, job):
-    """``load(stage, depth)`` and ``save(stage, depth, ...)`` of one unit: every finished student is one file in the
-    unit's folder (its weights, curve and summary row), written atomically."""
-    import torch
-
-    from depthlib.toy.models import StudentWeights
-
-    def path(stage, depth):
-        return run.path / f"student_{stage}_{depth:03d}.pt"
-
-    def load(stage, depth):
-        p = path(stage, depth)
-        if not (p.exists() and results.readable_checkpoint(p)):
-            return None
-        s = torch.load(p, weights_only=False)
-        w, curve, row = StudentWeights(**s["weights"]), pd.DataFrame(s["curve"]), s["row"]
-        return certified.Student(w, row, curve) if protocol.name == "certified" else (w, curve, row)
-
-    def save(stage, depth, *done):
-        w, curve, row = ((done[0].weights, done[0].curve, done[0].row) if protocol.name == "certified" else done)
-        results.atomic_torch_save(path(stage, depth), {"weights": dataclasses.asdict(w), "row": row,
-                                                       "curve": curve.to_dict("list")})
-        job.save_progress()
-
-    return load, save
+def merge_converged(cfg: converged.ConvergedConfig, t: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The converged protocol's run from its units' tables: every student (``converged``: one row per student and
+    route), their curves, the best route per student (``best``), α_ℓ per replicate and across replicates (``alpha``,
+    ``alpha_summary``), local slopes and the paired tied − independent difference at T = 1 (``separation``)."""
+    rows = t["converged"]
+    best = converged.best_routes(rows)
+    per, alpha_summary = converged.alpha_tables(best)
+    return {"converged": rows, "curves": t["curves"], "best": best, "alpha": per, "alpha_summary": alpha_summary,
+            "slopes": converged.local_slopes(best), "separation": pd.DataFrame([converged.separation(per)])}
 
 
-def committed_unit(protocol: str, config: dict, cell: dict) -> results.Run | None:
-    """The unit (teacher, T, replicate) of these settings committed under ``data/results/<units experiment>`` by an
-    earlier stretch of the run, if it is fresh (computed by the current code), else None.
-
-    A protocol's run can take longer than a machine keeps its cache (the certified cpu run: hours on two cores, on
-    machines wiped between sessions), so each finished unit can be committed on its own (``python -m
-    depthlib.results commit <unit folder>``: its tables and manifest, never its students' weights) and a later
-    stretch, on a fresh machine, trains only the units that are not committed. The merge reads nothing but the
-    units' tables; a committed unit has no weights, so what reuses them (chapters 5 and 7) retrains that unit."""
-    root = paths.committed_results_dir()
-    return None if root is None else results.fresh_run(PROTOCOLS[protocol].units, {**config, "cell": cell}, [root])
-
-
-def train_protocol_unit(protocol: str, config: dict, cell: dict, device: str = "cpu", progress: bool = False,
-                        committed: bool = True) -> str:
-    """Every route of every depth of one (teacher, T, replicate) of a protocol, resumable student by student
-    (each finished student's weights, curve and summary are saved in the unit's folder in the cache: chapters 5
-    and 7 reuse the weights). Returns the unit's run folder: a committed one (:func:`committed_unit`) when
-    ``committed`` and there is one. Module-level, so an executor can run it."""
-    import torch
-
-    from depthlib import runtime
-    p = PROTOCOLS[protocol]
-    if committed and (done := committed_unit(protocol, config, cell)) is not None:
-        return str(done.path)
-    runtime.configure_process()
-    cfg = from_dict(p.config_class(), config).validate()
-    with results.computing(p.units, {**cfg.to_dict(), "cell": cell}, profile=cfg.profile,
-                           code=(COMPUTE[p.units],), seed=cfg.seed, device=device,
-                           saves="every finished student of this unit is saved in {folder}") as job:
-        if job.complete:
-            return str(job.run.path)
-        run = job.run
-        load, save = _stage_io(p, run, job)
-        say = (lambda msg: print(f"[depthlib] {p.label(cell)}: {msg}", file=sys.stderr, flush=True)) \
-            if progress else (lambda msg: None)
-        out = p.module.train_unit(cfg, cell, load, save, say, device)
-        if protocol == "converged":
-            out = (pd.DataFrame(out[0]), pd.concat(out[1], ignore_index=True))
-        for name, table in zip(p.unit_tables, out):
-            run.write_table(name, table)
-        job.record(cell=cell, torch_threads=torch.get_num_threads())
-    return str(run.path)
-
-
-def _units_wall_time(unit_runs: list[results.Run], started: float | None) -> float:
-    """Wall time of the protocol's units, in seconds: since ``started`` (``time.time()`` when the command began them;
-    units that ran side by side count once) plus the recorded wall time of every unit finished before it (an earlier
-    command's); without ``started``, the units' wall times one after another."""
-    import time
-    walls = [(r, float(r.manifest.get("wall_time_s") or 0.0)) for r in unit_runs]
-    if started is None:
-        return sum(w for _, w in walls)
-    earlier = sum(w for r, w in walls if (r.path / "manifest.json").stat().st_mtime < started)
-    return max(time.time() - started, 0.0) + earlier
-
-
-def _merged_tables(protocol: str, cfg, unit_runs: list[results.Run]) -> dict[str, pd.DataFrame]:
-    """A protocol's merged tables from its units'.
-
-    converged: every student (``converged``: one row per student and route), their curves, the best route per
-    student (``best``), α_ℓ per replicate and across replicates (``alpha``, ``alpha_summary``), local slopes and the
-    paired tied − independent difference at T = 1 (``separation``).
-
-    certified: every stage (``stages``), curves, the certified students (``certified``: one per teacher, T,
-    replicate and depth, with the held-out / pool gap), α_ℓ per replicate for the envelope, every route and the
-    untrained warm starts (``alpha``) and across replicates (``alpha_summary``), the drop-one-depth refits
-    (``fragility``), local slopes with intervals (``slopes``), the paired difference on all depths and without each
-    (``separation``), each replicate's power-law residuals (``power_law``) and α_ℓ after each round of
-    continuations (``alpha_rounds``)."""
-    def stacked(name):
-        return pd.concat([r.table(name) for r in unit_runs], ignore_index=True)
-    if protocol == "converged":
-        rows = stacked("converged")
-        best = converged.best_routes(rows)
-        per, alpha_summary = converged.alpha_tables(best)
-        return {"converged": rows, "curves": stacked("curves"), "best": best, "alpha": per,
-                "alpha_summary": alpha_summary, "slopes": converged.local_slopes(best),
-                "separation": pd.DataFrame([converged.separation(per)])}
-    stages, cert = stacked("stages"), certified.with_gap(stacked("certified"))
+def merge_certified(cfg: certified.CertifiedConfig, t: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The certified protocol's run from its units' tables: every stage (``stages``), curves, the certified students
+    (``certified``: one per teacher, T, replicate and depth, with the held-out / pool gap), α_ℓ per replicate for the
+    envelope, every route and the untrained warm starts (``alpha``) and across replicates (``alpha_summary``), the
+    drop-one-depth refits (``fragility``), local slopes with intervals (``slopes``), the paired difference on all
+    depths and without each (``separation``), each replicate's power-law residuals (``power_law``) and α_ℓ after each
+    round of continuations (``alpha_rounds``)."""
+    stages, cert = t["stages"], certified.with_gap(t["certified"])
     per = certified.alpha_tables(cert, stages)
-    return {"stages": stages, "curves": stacked("curves"), "certified": cert, "alpha": per,
+    return {"stages": stages, "curves": t["curves"], "certified": cert, "alpha": per,
             "alpha_summary": certified.alpha_summary(per), "fragility": certified.fragility(cert),
             "slopes": certified.local_slopes(cert), "separation": certified.separation(cert),
             "power_law": certified.power_law_check(cert),
             "alpha_rounds": certified.alpha_by_round(stages, cfg.max_continuations)}
 
 
-def merge_protocol(protocol: str, cfg, unit_runs: list[results.Run], started: float | None = None) -> results.Run:
-    """A protocol's run: its tables merged from its units' (:func:`_merged_tables`).
+def committed_unit(protocol: str, config: dict, cell: dict) -> results.Run | None:
+    """The committed unit of ``protocol`` for these settings and cell, if fresh (:func:`depthlib.units.committed_unit`)."""
+    return units.committed_unit(PROTOCOLS[protocol], config, cell)
 
-    Its manifest's ``wall_time_s`` is the whole run's: the units' (:func:`_units_wall_time`; ``started``: when the
-    command began them), recorded as the earlier segments of the run, plus the merge (``merge_wall_time_s``);
-    ``unit_wall_time_s`` is the units' wall times added up (more than the wall time when they ran side by side)."""
-    p = PROTOCOLS[protocol]
-    run = results.prepare_run(results.open_run(p.experiment, cfg.to_dict()))
-    before = None
-    if not run.complete:             # the units are this run's earlier segments: the lifecycle adds the merge to them
-        before = round(_units_wall_time(unit_runs, started), 3)
-        run.path.mkdir(parents=True, exist_ok=True)
-        run.record_elapsed(before)
-    with results.computing(p.experiment, cfg.to_dict(), profile=cfg.profile,
-                           code=(COMPUTE[p.experiment],), seed=cfg.seed, device="cpu") as job:
-        if job.complete:
-            return job.run
-        run = job.run
-        for name, table in _merged_tables(protocol, cfg, unit_runs).items():
-            run.write_table(name, table)
-        units = {r.path.name: {"cell": r.manifest.get("cell"), "wall_time_s": r.manifest.get("wall_time_s"),
-                               "torch_threads": r.manifest.get("torch_threads")} for r in unit_runs}
-        job.record(units=units, unit_wall_time_s=round(sum(u["wall_time_s"] or 0 for u in units.values()), 3),
-                   merge_wall_time_s=round(max(job.elapsed - (before or 0.0), 0.0), 3))
-    return run
+
+def train_protocol_unit(protocol: str, config: dict, cell: dict, device: str = "cpu", progress: bool = False,
+                        committed: bool = True) -> str:
+    """Every route of every depth of one (teacher, T, replicate) of a protocol, resumable student by student; its
+    run folder (:func:`depthlib.units.train_unit`)."""
+    return units.train_unit(dataclasses.asdict(PROTOCOLS[protocol]), config, cell, device, progress, committed)
+
+
+def train_protocol_units(protocol: str, cfg, cells: list[dict], device: str = "cpu", *, committed: bool = True,
+                         executor=None) -> list[results.Run]:
+    """The finished runs of a protocol's units ``cells`` (:func:`depthlib.units.train_units`)."""
+    return units.train_units(PROTOCOLS[protocol], cfg, cells, device, committed=committed, executor=executor)
 
 
 def protocol_run(protocol: str, profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,
                  executor=None) -> results.Run:
-    """A protocol's run chapter 3 shows for ``profile`` (the one rule, :func:`depthlib.results.select_run`); if
-    there is none, its units (one per teacher, temperature and replicate; tied ones first, they take longest) run
-    now on ``executor`` (default: one process per core, each on one torch thread — the measured-fast layout). A unit
-    committed by an earlier stretch (:func:`committed_unit`) is not retrained, unless ``rerun``."""
-    import os
-    import time
-
-    from depthlib import executors
-    results.check_profile(profile)
-    p = PROTOCOLS[protocol]
-    cfg = p.config(profile)
-
-    def make() -> results.Run:
-        started = time.time()
-        cells = sorted(cfg.units(), key=lambda c: (-c["rho"], -c["temperature"], c["replicate"]))
-        if protocol == "certified":       # T = 1 first, a replicate of each teacher at a time: early units answer
-            cells = sorted(cfg.units(), key=lambda c: (-c["temperature"], c["replicate"], -c["rho"]))
-        units = [executors.Unit(p.label(c), "depthlib.toy.chapter:train_protocol_unit",
-                                {"protocol": protocol, "config": cfg.to_dict(), "cell": c, "device": device,
-                                 "committed": not rerun})
-                 for c in cells]
-        ex = executor or executors.ExecutorConfig("joblib", jobs=max(1, min(os.cpu_count() or 1, len(units))),
-                                                  threads=1)
-        try:
-            done = executors.finished_runs(units, ex, f"{protocol} protocol ({profile})")
-        except KeyboardInterrupt as err:           # the units run in their own lifecycles: say where they are kept
-            if isinstance(err, results.RunInterrupted):
-                raise
-            folder = paths.local_results_dir() / p.units
-            raise results.RunInterrupted(folder, f"every finished unit (a teacher, temperature and replicate) is kept "
-                                                 f"under {folder}") from None
-        return merge_protocol(protocol, cfg, done, started)
-
-    return results.chapter_run(p.experiment, profile, make, rerun=rerun,
-                               expected_config=lambda q: p.config(q).to_dict() if q in PROFILES else None)
+    """A protocol's run chapter 3 shows for ``profile`` (:func:`depthlib.units.protocol_run`); its units run tied
+    ones first (they take longest) — for the certified protocol T = 1 first, a replicate of each teacher at a time, so
+    that early units answer. A unit committed by an earlier stretch is not retrained, unless ``rerun``."""
+    def order(cfg) -> list[dict]:
+        if protocol == "certified":
+            return sorted(cfg.units(), key=lambda c: (-c["temperature"], c["replicate"], -c["rho"]))
+        return sorted(cfg.units(), key=lambda c: (-c["rho"], -c["temperature"], c["replicate"]))
+    return units.protocol_run(PROTOCOLS[protocol], profile,
+                              lambda q: protocol_config(protocol, q) if q in PROFILES else None, order, device,
+                              rerun=rerun, executor=executor)
 
 
 def converged_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False, executor=None) -> results.Run:
