@@ -4,23 +4,27 @@ The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``ru
 the hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy;
 ``hierarchy``, the positive control on an unseen, deeper grammar with both of its tasks, certified,
 :mod:`depthlib.compose.hierarchy`; and ``text_certified``, the three families on chapter 6's text at chapter 6's
-certified budget, :mod:`depthlib.compose.text_certified`),
+certified budget, :mod:`depthlib.compose.text_certified`; one part not shown until its cpu run is committed:
+``toy_certified``, the looped toy students trained and certified by chapter 3's certified protocol,
+:mod:`depthlib.compose.looped_certified`, which replaces ``toy``),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
 ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from depthlib import results, runtime
-from depthlib.compose import hierarchy, looped_toy, text_certified
+from depthlib import results, runtime, units
+from depthlib.compose import hierarchy, looped_certified, looped_toy, text_certified
 from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
 from depthlib.compose.hierarchy import HierarchyConfig
+from depthlib.compose.looped_certified import LoopedCertifiedConfig
 from depthlib.compose.looped_toy import LoopedToyConfig
 from depthlib.compose.model import GrammarModelConfig
 from depthlib.compose.rhm import RHMConfig
@@ -29,6 +33,8 @@ from depthlib.compose.train import GrammarTrainConfig
 from depthlib.contract import Profile, from_dict
 from depthlib.errors import InputError
 from depthlib.lm import chapter as lm_chapter
+from depthlib.toy import certified
+from depthlib.toy.certified import CertifiedConfig
 from depthlib.toy.converged import ConvergedConfig
 
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
@@ -36,35 +42,48 @@ from depthlib.toy.converged import ConvergedConfig
 COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
            looped_toy.EXPERIMENT: "depthlib.compose.looped_toy:run_looped_toy",
            hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:run_hierarchy",
-           text_certified.EXPERIMENT: "depthlib.compose.text_certified:run_text_certified"}
+           text_certified.EXPERIMENT: "depthlib.compose.text_certified:run_text_certified",
+           looped_certified.EXPERIMENT: "depthlib.compose.looped_certified:train_unit",
+           looped_certified.UNITS: "depthlib.compose.looped_certified:train_unit"}
 TOY_EXPERIMENT = looped_toy.EXPERIMENT
 HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
 TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
+TOY_CERTIFIED_EXPERIMENT = looped_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
-PARTS = ("rhm", "toy", "hierarchy", "text_certified")
-#: The parts the chapter shows by default (every part: each has a committed cpu run)
-SHOWN_PARTS = PARTS
+PARTS = ("rhm", "toy", "hierarchy", "text_certified", "toy_certified")
+#: The parts the chapter shows by default: ``toy_certified`` replaces ``toy`` once its cpu run is committed
+SHOWN_PARTS = ("rhm", "toy", "hierarchy", "text_certified")
 #: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
-PART_FIELDS = {"rhm": "run", "toy": "toy", "hierarchy": "hierarchy", "text_certified": "text_certified"}
+PART_FIELDS = {"rhm": "run", "toy": "toy", "hierarchy": "hierarchy", "text_certified": "text_certified",
+               "toy_certified": "toy_certified"}
+#: The looped students under chapter 3's certified protocol: a run made of units (:mod:`depthlib.units`)
+LOOPED_PROTOCOL = units.UnitProtocol("looped", looped_certified.EXPERIMENT, looped_certified.UNITS,
+                                     COMPUTE[looped_certified.UNITS],
+                                     "depthlib.compose.looped_certified:LoopedCertifiedConfig",
+                                     ("stages", "curves", "certified", "signatures", "lags"),
+                                     "depthlib.compose.chapter:merge_looped_certified")
 
-__all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "PARTS", "PART_FIELDS", "PROFILES", "SHOWN_PARTS",
-           "TOY_EXPERIMENT", "ComposeProfile", "compute", "describe", "describe_hierarchy", "describe_toy", "labelled",
-           "profile_config", "replay", "replay_hierarchy", "replay_toy", "runs", "summary", "summary_hierarchy",
-           "summary_toy", "TEXT_CERTIFIED_EXPERIMENT",
-           "describe_text_certified", "summary_text_certified", "replay_text_certified"]
+__all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "LOOPED_PROTOCOL", "PARTS", "PART_FIELDS", "PROFILES",
+           "SHOWN_PARTS", "TEXT_CERTIFIED_EXPERIMENT", "TOY_CERTIFIED_EXPERIMENT", "TOY_EXPERIMENT", "ComposeProfile",
+           "compute", "describe", "describe_hierarchy", "describe_text_certified", "describe_toy",
+           "describe_toy_certified", "labelled", "looped_units", "merge_looped_certified", "profile_config", "replay",
+           "replay_hierarchy", "replay_text_certified", "replay_toy", "replay_toy_certified", "runs", "summary",
+           "summary_hierarchy", "summary_text_certified", "summary_toy", "summary_toy_certified"]
 
 
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
     """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``),
     the looped students in chapter 3's toy (``toy``), the hierarchy control on an unseen grammar, both tasks, certified
-    (``hierarchy``) and the three families on chapter 6's text at chapter 6's certified budget (``text_certified``)."""
+    (``hierarchy``), the three families on chapter 6's text at chapter 6's certified budget (``text_certified``) and
+    the looped toy students under chapter 3's certified protocol (``toy_certified``)."""
 
     name: str
     run: ComposeConfig
     toy: LoopedToyConfig
     hierarchy: HierarchyConfig
     text_certified: TextCertifiedConfig
+    toy_certified: LoopedCertifiedConfig
 
 
 #: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
@@ -115,6 +134,12 @@ class ComposeProfile(Profile):
 #: most 2). From chapter 6's timed slice (0.076 + 0.0094·ℓ s per step on an idle core) one step of all twelve members
 #: costs 1.56 s: 2.1 CPU hours with one continuation each, 3.2 with two, so 1.1–1.6 h on two one-thread workers, after
 #: chapter 6's series (1.6–2.1 h), which it needs. paper: chapter 6's paper series, depths to 16, three seeds.
+#: The certified toy part (:mod:`depthlib.compose.looped_certified`): chapter 3's certified protocol (its pool, held-out
+#: inputs, 12,000 steps per route at every depth, continuations of half the steps so far until one gains < 2 %, at most
+#: 3) on looped students: cpu: the tied and independent teachers at T = 1, replicates 0–2 (chapter 3's own), looped
+#: depths 6, 12, 24, 48 (chapter 3's untied students exist at each), routes scratch → halved on both teachers and Euler
+#: on the tied one; six units on two one-thread workers, resumable stage by stage. paper: depths to 96, 40,000 steps ×
+#: 1,024 per route.
 #: paper (a GPU; not measured: no GPU in this session; ``compute(PROFILES["paper"].hierarchy, device="cuda")``): the
 #: grammar (8, 4, 2, 5) — m/v = 1/2 at v = 8, whose top level needs far more samples than the cpu budget; Ω = 3.7·10¹⁹,
 #: so five replicates' 58 M draws would share about 10⁻⁸ sequences with the 8 192 held-out ones — width 128, depths
@@ -135,14 +160,18 @@ PROFILES: dict[str, ComposeProfile] = {
                         train=GrammarTrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
                         certificate=Certificate(max_continuations=1), n_probe=32, n_permutations=2, n_bootstrap=50),
         TextCertifiedConfig("smoke", series=lm_chapter.PROFILES["smoke"].converged, depths=(1, 2, 4, 8),
-                            n_bootstrap=50)),
+                            n_bootstrap=50),
+        LoopedCertifiedConfig("smoke", CertifiedConfig(
+            "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(2, 4, 8), steps=40, batch=32, pool_batches=40,
+            evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16))),
     "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
                           LoopedToyConfig("cpu", ConvergedConfig(
                               "cpu", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48),
                               steps_deepest=3_000), continuations=0),
                           HierarchyConfig("cpu", certificate=Certificate(max_continuations=3)),
                           TextCertifiedConfig("cpu", series=lm_chapter.PROFILES["cpu"].converged,
-                                              depths=(1, 2, 3, 4, 6, 8, 12))),
+                                              depths=(1, 2, 3, 4, 6, 8, 12)),
+                          LoopedCertifiedConfig("cpu")),
     "paper": ComposeProfile("paper", ComposeConfig(
         "paper", grammar=RHMConfig(v=16, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 12, 16, 24),
         seeds=(0, 1, 2, 3, 4), model=GrammarModelConfig(d_model=128, n_heads=4),
@@ -157,7 +186,10 @@ PROFILES: dict[str, ComposeProfile] = {
                         train=GrammarTrainConfig(steps=20_000, batch_size=256, lr=1e-3, evals=20, n_held_out=8192),
                         n_probe=2048, n_permutations=8, n_bootstrap=2000),
         TextCertifiedConfig("paper", series=lm_chapter.PROFILES["paper"].converged,
-                            depths=(1, 2, 3, 4, 6, 8, 12, 16), seeds=(0, 1, 2))),
+                            depths=(1, 2, 3, 4, 6, 8, 12, 16), seeds=(0, 1, 2)),
+        LoopedCertifiedConfig("paper", CertifiedConfig(
+            "paper", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48, 96), steps=40_000, batch=1024,
+            pool_batches=40_000))),
 }
 
 
@@ -166,13 +198,14 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
     return PROFILES[profile].run.validate()
 
 
-def compute(cfg: ComposeConfig | LoopedToyConfig | HierarchyConfig | TextCertifiedConfig, *,
+def compute(cfg: ComposeConfig | LoopedToyConfig | HierarchyConfig | TextCertifiedConfig | LoopedCertifiedConfig, *,
             force: bool = False,
             progress: bool = True, jobs: int | None = None, device: str = "cpu") -> results.Run:
     """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
     for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s, for the hierarchy part
     :func:`depthlib.compose.hierarchy.run_hierarchy`'s and for the certified text part
     :func:`depthlib.compose.text_certified.run_text_certified`'s, whose members train ``jobs`` at a time: default one
+    per core; the certified toy part's units are the units runner's, :func:`depthlib.units.train_units`, one process
     per core).
     ``device``: the hierarchy part's members may train on an accelerator; the other parts train on the CPU."""
     runtime.configure_process(1)
@@ -186,7 +219,35 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | HierarchyConfig | TextCertifi
         raise InputError(f"this part of chapter 7 trains on the CPU, got device {device!r}")
     if isinstance(cfg, LoopedToyConfig):
         return looped_toy.run_looped_toy(cfg, force=force, progress=progress)
+    if isinstance(cfg, LoopedCertifiedConfig):
+        if force:
+            raise InputError("--force does not apply to the certified toy part (its units resume; --rerun "
+                             "recomputes what the local cache lacks)")
+        started = time.time()
+        done = units.train_units(LOOPED_PROTOCOL, cfg, looped_units(cfg), device)
+        return units.merge_units(LOOPED_PROTOCOL, cfg, done, started)
     return run_compose(cfg, force=force, progress=progress)
+
+
+def looped_units(cfg: LoopedCertifiedConfig) -> list[dict]:
+    """The certified toy part's units in the order they run: a replicate of each teacher at a time, tied first (the
+    Euler route makes its units the longest)."""
+    return sorted(cfg.units(), key=lambda c: (c["replicate"], -c["rho"]))
+
+
+def merge_looped_certified(cfg: LoopedCertifiedConfig, t: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The certified toy part's run from its units' tables, fitted as chapter 3 fits its certified students
+    (:mod:`depthlib.toy.certified`): every stage, curves, the envelope (``certified``, with the held-out / pool gap),
+    α_ℓ per replicate (envelope, each route, the untrained Euler start) and across replicates, the drop-one-depth
+    refits, local slopes, each replicate's power-law residuals, α_ℓ after each round of continuations, and the
+    signatures and long-lag cosines of the envelope's students and their teachers."""
+    stages, cert = t["stages"], certified.with_gap(t["certified"])
+    per = certified.alpha_tables(cert, stages)
+    return {"stages": stages, "curves": t["curves"], "certified": cert, "alpha": per,
+            "alpha_summary": certified.alpha_summary(per), "fragility": certified.fragility(cert),
+            "slopes": certified.local_slopes(cert), "power_law": certified.power_law_check(cert),
+            "alpha_rounds": certified.alpha_by_round(stages, cfg.protocol.max_continuations),
+            "signatures": t["signatures"], "lags": t["lags"]}
 
 
 def labelled(cfg, field: str):
@@ -218,11 +279,16 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
                 for part in PARTS if part in parts}
     experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT,
                    "text_certified": TEXT_CERTIFIED_EXPERIMENT}
-    configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS}
-    return {part: results.chapter_run(
+    configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS if part in experiments}
+    out = {part: results.chapter_run(
         experiment, profile, lambda a=attr: compute(getattr(PROFILES[profile], a), progress=progress),
         expected_config=lambda p, a=attr: getattr(PROFILES[p], a).to_dict() if p in PROFILES else None, rerun=rerun)
         for part, (experiment, attr) in configs.items() if part in parts}
+    if "toy_certified" in parts:
+        out["toy_certified"] = units.protocol_run(
+            LOOPED_PROTOCOL, profile, lambda q: PROFILES[q].toy_certified if q in PROFILES else None, looped_units,
+            rerun=rerun)
+    return out
 
 
 def _replayed_losses(run: results.Run, committed: pd.DataFrame, curve: pd.DataFrame, steps, key: dict) -> pd.DataFrame:
@@ -264,6 +330,33 @@ def replay_toy(run: results.Run) -> pd.DataFrame:
     return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="left")
 
 
+def replay_toy_certified(run: results.Run) -> pd.DataFrame:
+    """Retrain the first stage of the certified toy part (the merged run's or the unit's first unit, smallest depth,
+    scratch) up to its first held-out evaluation with the current code, built as
+    :func:`depthlib.compose.looped_certified.train_unit` builds it; its committed and recomputed held-out losses at
+    step 0 and there."""
+    import torch
+    config = dict(run.config)
+    cell = config.pop("cell", None)
+    cfg = LoopedCertifiedConfig.from_dict(config)
+    cell = cell or looped_units(cfg)[0]
+    p, depth = cfg.protocol, min(cfg.protocol.depths)
+    teacher = looped_certified.unit_teacher(cfg, cell)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pool = certified.make_pool(p, teacher, cell["replicate"])
+        done = looped_certified.train_stage(cfg, teacher, pool, None, cell, depth, "scratch", None, 1.0, p.steps,
+                                            stop_at=p.steps // p.evals)
+    finally:
+        torch.set_num_threads(threads)
+    c = run.table("curves")
+    mine = c[(c["rho"] == cell["rho"]) & (c["temperature"] == cell["temperature"])
+             & (c["replicate"] == cell["replicate"]) & (c["depth"] == depth) & (c["stage"] == "scratch")]
+    out = done.curve[["step", "test_loss"]].rename(columns={"test_loss": "replayed"})
+    return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="inner")
+
+
 def replay(run: results.Run) -> pd.DataFrame:
     """Retrain the run's first member (first replicate, first family, shallowest depth) up to its first held-out
     evaluation with the current code; its committed and recomputed held-out and training losses there (columns
@@ -271,6 +364,8 @@ def replay(run: results.Run) -> pd.DataFrame:
     import torch
     if run.experiment == TOY_EXPERIMENT:
         return replay_toy(run)
+    if run.experiment in (looped_certified.EXPERIMENT, looped_certified.UNITS):
+        return replay_toy_certified(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return replay_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
@@ -390,6 +485,32 @@ def summary_toy(run: results.Run) -> dict:
             "all_converged": bool(best["converged"].all()), "wall_time_s": run.manifest.get("wall_time_s")}
 
 
+def describe_toy_certified(run: results.Run) -> dict:
+    """Provenance and settings of a certified toy run (looped students under chapter 3's certified protocol)."""
+    c = LoopedCertifiedConfig.from_dict(run.config)
+    p = c.protocol
+    return {**results.run_info(run), "teachers": [looped_toy.converged.TEACHER_KINDS[r] for r, _, _ in p.cells],
+            "temperatures": sorted({float(t) for _, t, _ in p.cells}),
+            "replicates": max(int(n) for _, _, n in p.cells), "depths": list(p.depths), "steps": p.steps,
+            "batch": p.batch, "pool_batches": p.pool_batches, "flow_lr": c.flow_lr(), "lr_warm": p.lr_warm,
+            "max_continuations": p.max_continuations, "gain_below": p.gain_below, "euler": c.euler,
+            "teacher_depth": p.teacher_depth, "d_model": p.d_model, "units": len(c.units())}
+
+
+def summary_toy_certified(run: results.Run) -> dict:
+    """The key numbers of a certified toy run: per teacher the envelope's loss by depth (mean over replicates), α_ℓ
+    per fit with its interval, how many students are certified, the wall time."""
+    cert, alpha = run.table("certified"), run.table("alpha_summary")
+    return {"run": str(run.path), **{k: v for k, v in describe_toy_certified(run).items()
+                                     if k in ("profile", "depths", "replicates", "steps")},
+            "losses": {t: {int(d): float(x) for d, x in g.groupby("depth")["test_loss"].mean().items()}
+                       for t, g in cert.groupby("teacher")},
+            "alpha": {f"{r.teacher} ({r.fit})": {"value": float(r.alpha), "lo": float(r.lo), "hi": float(r.hi)}
+                      for r in alpha.itertuples()},
+            "n_certified": int(cert["certified"].sum()), "n_students": int(len(cert)),
+            "wall_time_s": run.manifest.get("wall_time_s")}
+
+
 def describe_text_certified(run: results.Run) -> dict:
     """Provenance and settings of a text run at chapter 6's certified budget (the reused families beside chapter 6's
     untied members)."""
@@ -451,6 +572,8 @@ def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == TOY_EXPERIMENT:
         return describe_toy(run)
+    if run.experiment == TOY_CERTIFIED_EXPERIMENT:
+        return describe_toy_certified(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return describe_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
@@ -487,6 +610,8 @@ def summary(run: results.Run) -> dict:
     from depthlib.compose import analysis
     if run.experiment == TOY_EXPERIMENT:
         return summary_toy(run)
+    if run.experiment == TOY_CERTIFIED_EXPERIMENT:
+        return summary_toy_certified(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
         return summary_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:

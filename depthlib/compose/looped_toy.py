@@ -142,8 +142,9 @@ def n_parameters(block: StudentWeights) -> int:
     return int(block.W_up.numel() + block.b_up.numel() + block.W_down.numel())
 
 
-class LoopedStudents(PooledStudents):
-    """Chapter 3's pooled engine with one student of depth ℓ whose ℓ layers share one block.
+class SharedBlock:
+    """One student of depth ℓ whose ℓ layers share one block, mixed into one of chapter 3's engines (a subclass of
+    :class:`depthlib.toy.engine.BatchedStudents`, after this class in the bases).
 
     The forward and backward passes are the engine's (ℓ layers, each holding the shared block); :meth:`_adam` sums
     the layers' gradients into the shared weights' gradient, takes one Adam step on (W_up, b_up, V = ℓ·W_down) with
@@ -190,6 +191,11 @@ class LoopedStudents(PooledStudents):
         Wu, b, V = (t.cpu() for t in self._shared)
         return StudentWeights(Wu[0].T[None].clone(), b[0, 0][None].clone(), (V[0] / self.depth).T[None].clone(),
                               self.fixed_head[0].T.cpu().clone())
+
+
+class LoopedStudents(SharedBlock, PooledStudents):
+    """Chapter 3's converged protocol's pooled engine (:class:`depthlib.toy.converged.PooledStudents`) with one
+    looped student (:class:`SharedBlock`)."""
 
 
 # ---- one student -----------------------------------------------------------------------------------------
@@ -348,6 +354,6 @@ def run_looped_toy(cfg: LoopedToyConfig, *, force: bool = False, progress: bool 
     return results.Run.load(run.path)
 
 
-__all__ = ["EXPERIMENT", "SIGNATURE_INPUTS", "LoopedStudents", "LoopedToyConfig", "euler_block", "halve",
+__all__ = ["EXPERIMENT", "SIGNATURE_INPUTS", "LoopedStudents", "SharedBlock", "LoopedToyConfig", "euler_block", "halve",
            "looped_weights", "n_parameters", "run_looped_toy", "signatures", "train_looped", "train_unit",
            "unit_teacher"]
