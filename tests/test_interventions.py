@@ -1,6 +1,7 @@
 """Chapter 5: plans, the edited forward pass on tiny random models, rankings, the suite, the fit, the CLI."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -256,46 +257,27 @@ def test_plan_effects_and_order_pairs_from_the_tables():
 
 
 # ---- the toy students and the CLI --------------------------------------------------------------------------
-def _fake_converged_students(cfg) -> None:
-    """Chapter 3's unit folders for ``cfg``'s students in the (temporary) cache: a converged table and random weights."""
-    from depthlib import results
-    from depthlib.interventions.toy import UNITS
-    from depthlib.toy.converged import TEACHER_KINDS
-    from depthlib.toy.models import init_student, make_teacher, variant
-    conv = cfg.converged()
-    for rho in cfg.rhos:
-        for r in range(cfg.replicates):
-            cell = {"rho": rho, "temperature": cfg.temperature, "replicate": r}
-            run = results.open_run(UNITS, {**conv.to_dict(), "cell": cell})
-            run.path.mkdir(parents=True)
-            teacher = make_teacher(rho, r, conv.shape())
-            w = init_student(cfg.depth, r, variant("exp-9-3"), conv.shape(), teacher.fixed_head)
-            w.W_down.normal_(0, 0.05)
-            torch.save({"weights": {"W_up": w.W_up, "b_up": w.b_up, "W_down": w.W_down, "head": w.head}},
-                       run.path / f"student_scratch_{cfg.depth:03d}.pt")
-            run.write_table("converged", pd.DataFrame([dict(teacher=TEACHER_KINDS[rho], rho=rho,
-                                                             temperature=cfg.temperature, replicate=r, depth=cfg.depth,
-                                                             route="scratch", steps=10, test_loss=0.5,
-                                                             converged=True)]))
-
-
 def test_toy_controls_edit_chapter_3s_students(tmp_path, monkeypatch):
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
     from depthlib.errors import ReplayUnavailable
-    from depthlib.interventions.toy import ToyInterventionConfig, load_student, run_toy_interventions
+    from depthlib.interventions.toy import UNITS, ToyInterventionConfig, load_student, run_toy_interventions
     suite = SuiteConfig(ks=(2,), draws=2, each_block=False, plateau_k=0, norm_matched=1, permutations=1,
                         group_sizes=(2,), group_positions=1)
-    cfg = ToyInterventionConfig(profile="smoke", depth=6, replicates=1, docs=4, inputs_per_doc=8, rank_docs=2,
+    cfg = ToyInterventionConfig(profile="smoke", depth=8, replicates=1, docs=4, inputs_per_doc=8, rank_docs=2,
                                 suite=suite)
     with pytest.raises(ReplayUnavailable, match="not in the local cache"):
         load_student(cfg, 0.0, 0)
-    _fake_converged_students(cfg)
-    student, _, _ = load_student(cfg, 1.0, 0)
+    run = run_toy_interventions(cfg, progress=False)       # trains chapter 3's two smoke units first (seconds)
+    student, _, row = load_student(cfg, 1.0, 0)
+    from depthlib import results
+    unit = results.open_run(UNITS, {**cfg.protocol().to_dict(),
+                                    "cell": {"rho": 1.0, "temperature": 1.0, "replicate": 0}})
+    chapter3 = unit.table("certified").set_index("depth").loc[cfg.depth]
+    assert row["stage"] == chapter3["stage"] and row["test_loss"] == chapter3["test_loss"]   # the student ch. 3 fits
     x = torch.randn(5, 32)
     states = student.hidden(x, all_states=True)
     for i in range(cfg.depth):                                       # the adapter's block is the network's own
         torch.testing.assert_close(states[i] + student.mlps[i](states[i]), states[i + 1])
-    run = run_toy_interventions(cfg, progress=False)
     eff = plan_effects(run.table("plans"), run.table("scores"))
     assert set(eff["model"]) == {"toy independent r0", "toy tied r0"}
     ident = eff[eff["family"] == "identity"]
@@ -304,6 +286,33 @@ def test_toy_controls_edit_chapter_3s_students(tmp_path, monkeypatch):
     from depthlib.interventions import chapter
     replayed = chapter.replay(run)
     np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-6)
+
+
+def test_the_controls_units_train_exactly_chapter_3s_students(tmp_path, monkeypatch):
+    """The controls train only the depths their student depends on (the halving chain): its stages, seeded by
+    (replicate, depth, stage), and its warm starts come out bit for bit as in chapter 3's whole unit."""
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    from depthlib import results
+    from depthlib.interventions.toy import UNITS, ToyInterventionConfig
+    from depthlib.toy import chapter as toy_chapter
+    cfg = ToyInterventionConfig(profile="smoke", depth=8, replicates=1)
+    whole = cfg.protocol()
+    assert cfg.units_protocol().depths == (2, 4, 8) and whole.depths == (2, 4, 8)
+    deeper = dataclasses.replace(whole, depths=(2, 3, 4, 8))        # a depth off the chain is left out
+    monkeypatch.setattr(ToyInterventionConfig, "protocol", lambda self: deeper)
+    assert cfg.units_protocol().depths == (2, 4, 8)
+    cell = {"rho": 1.0, "temperature": 1.0, "replicate": 0}
+    full = results.Run.load(toy_chapter.train_protocol_unit("certified", deeper.to_dict(), cell, committed=False))
+    part = results.Run.load(toy_chapter.train_protocol_unit("certified", cfg.units_protocol().to_dict(), cell,
+                                                            committed=False))
+    a = full.table("certified").set_index("depth").loc[8]
+    b = part.table("certified").set_index("depth").loc[8]
+    assert a["stage"] == b["stage"] and a["test_loss"] == b["test_loss"]
+    wa = torch.load(full.path / f"student_{a['stage']}_008.pt", weights_only=False)["weights"]
+    wb = torch.load(part.path / f"student_{b['stage']}_008.pt", weights_only=False)["weights"]
+    for k in ("W_up", "b_up", "W_down"):
+        assert torch.equal(wa[k], wb[k])
+    assert results.open_run(UNITS, {**cfg.units_protocol().to_dict(), "cell": cell}).path == part.path
 
 
 def test_cli_intervene_json_and_bad_plan(tmp_path, monkeypatch, capsys):

@@ -11,7 +11,7 @@ sequence. Compositional assembly predicts the opposite on all three. Modules:
 - :mod:`~depthlib.interventions.predictions` what an ensemble and a smooth flow predict; the plateau rule; intervals
 - :mod:`~depthlib.interventions.suite`     the plans the chapter runs on every model
 - :mod:`~depthlib.interventions.evaluate`  many plans × batches, checkpointed
-- :mod:`~depthlib.interventions.toy`       the same on chapter 3's converged toy students (the controls)
+- :mod:`~depthlib.interventions.toy`       the same on chapter 3's certified-protocol toy students (the controls)
 - :mod:`~depthlib.interventions.analysis`  tidy summaries: every prediction's statistic with its interval
 - :mod:`~depthlib.interventions.chapter`   profiles, the runs the chapter shows, replay
 """

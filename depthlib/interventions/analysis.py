@@ -1,5 +1,5 @@
 """Chapter 5's summaries of an intervention run: every plan's effect, and every prediction's statistic with its
-95 % interval (bootstrap over documents), read against the two converged controls.
+95 % interval (bootstrap over documents), read against the two toy controls.
 
 Everything here reads the runs' tables (``scores``: per plan and document, sums over the scored tokens), so a figure
 or a table is redrawn from a committed run without recomputing. Per-token means pool the tokens of all documents; a

@@ -1,7 +1,7 @@
 """Chapter 5's glue: the profiles of the interventions, the runs the chapter shows, and their replay check.
 
 The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (one part per LM and ``toy``
-for the converged toy students), ``compute``, ``replay``, ``describe``, ``summary`` and ``COMPUTE``.
+for chapter 3's certified-protocol toy students), ``compute``, ``replay``, ``describe``, ``summary`` and ``COMPUTE``.
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def runs(profile: str | InterventionProfile = "smoke", *, rerun: bool = False, e
 def compute(model: str, corpus: str = "sotu", n_docs: int = 32, config: InterventionConfig | None = None, *,
             plans=None, profile: str = "custom", progress: bool = True, force: bool = False) -> results.Run:
     """Run the plan suite (or ``plans``) on ``model``, cached (:func:`depthlib.interventions.run_interventions`);
-    ``model="toy"`` edits the converged toy students of ``config`` (a :class:`ToyInterventionConfig`) instead."""
+    ``model="toy"`` edits chapter 3's certified-protocol toy students of ``config`` (a :class:`ToyInterventionConfig`) instead."""
     if model == "toy":
         return run_toy_interventions(config, profile=profile, progress=progress, force=force)
     from depthlib.models import checks
@@ -191,7 +191,7 @@ def replay(run: results.Run, n_plans: int = 3) -> pd.DataFrame:
     """Recompute a cheap prefix of a run with the current code; returns the committed and recomputed numbers
     (columns ``committed``, ``replayed``). An LM run: its first batch of documents for the identity and a few other
     plans (loss, and KL except the identity's). The toy run: its first student's first two "documents" for the
-    identity and a few plans; it needs chapter 3's converged weights, which only the local cache holds (a fresh clone
+    identity and a few plans; it needs chapter 3's students' weights, which only the local cache holds (a fresh clone
     raises :class:`depthlib.errors.ReplayUnavailable`, and the replay test skips with that reason)."""
     if run.experiment == TOY_EXPERIMENT:
         return _replay_toy(run, n_plans)
@@ -246,7 +246,8 @@ def settings_table(runs: dict[str, results.Run], stats: dict[str, dict] | None =
                 n_plans = int((run.table("plans")["model"] == st.model).sum())
                 rows.append({"model": st.model, "blocks": int(st.depth), "plans": n_plans,
                              "scored": f"{cfg['docs']} slices × {cfg['inputs_per_doc']} inputs",
-                             "training": f"chapter 3 converged ({st.route}), T = {st.temperature:g}",
+                             "training": f"chapter 3, {st.stage} ({'certified' if st.certified else 'not certified'}), "
+                                         f"T = {st.temperature:g}",
                              "unedited loss": loss(st.model, float(st.loss_here), 3)})
         else:
             rows.append({"model": name, "blocks": s["n_blocks"], "plans": s["n_plans"],

@@ -1,18 +1,26 @@
-"""The interventions on chapter 3's **converged** toy students: the controls of chapter 5 (paper §4).
+"""The interventions on the toy students of chapter 3's **certified protocol**: the controls of chapter 5 (paper §4).
 
 Students of an **independent** teacher (ρ = 0, the ensemble's control) and of a **tied** teacher (ρ = 1, a smooth
-flow's control) at T = 1, ``replicates`` of each, are loaded from chapter 3's converged protocol (its unit folders in
-the local cache, ``toy-converged-units``; the best route of each student, as chapter 3's table ``best`` names it).
+flow's control) at T = 1, ``replicates`` of each, are loaded from chapter 3's certified protocol
+(:mod:`depthlib.toy.certified`): each is the student chapter 3's exponent uses at this depth (the lowest-loss route,
+continued until certified or out of continuations; its table ``certified`` names the stage), read from the unit's
+folder in the local cache (``toy-certified-units``). A unit whose weights the cache lacks — a committed unit has only
+its tables — is trained first, by chapter 3's own code (:func:`depthlib.toy.chapter.train_protocol_units`), on the
+depths its student depends on only (:meth:`ToyInterventionConfig.units_protocol`: the same student, a third of the
+cost), so on a fresh machine the controls cost about a third of chapter 3's training of their units.
+
 The same plan suite then runs on their blocks (h ← h + MLP_i(h)). Their "loss" is the toy's own,
 KL(p_teacher ‖ p_student) per input, whose floor is 0 (the teacher is realisable), so prediction 1 is tested with
 L_ex = L_0; the "documents" are equal slices of fresh held-out Gaussian inputs; the rankings, the plateau, the norms
 and the long-lag signature use separate ranking inputs.
 
-The weights are never committed (a fresh clone has none): the run's tables are, and :func:`replay` says why it
-cannot run without the weights (:class:`depthlib.errors.ReplayUnavailable`).
+The weights are never committed (a fresh clone has none): the run's tables are, and the replay
+(:func:`depthlib.interventions.chapter.replay`) says why it cannot run without the weights
+(:class:`depthlib.errors.ReplayUnavailable`) rather than train for an hour.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,24 +37,25 @@ from depthlib.interventions.predictions import plateau as plateau_blocks
 from depthlib.interventions.rankings import BlockSimilarity
 from depthlib.interventions.suite import SuiteConfig, build_plans
 from depthlib.measures import update_signature
-from depthlib.toy.converged import TEACHER_KINDS, ConvergedConfig, best_routes
+from depthlib.toy.certified import CertifiedConfig
+from depthlib.toy.converged import TEACHER_KINDS
 from depthlib.toy.models import ResidualNet, StudentWeights, derive_seed, make_teacher, rms_norm, teacher_module, teacher_targets
 from depthlib.validate import int_in_range
 
 EXPERIMENT = "interventions-toy"
-#: chapter 3's experiment whose unit folders hold the converged students' weights
-UNITS = "toy-converged-units"
+#: chapter 3's experiment whose unit folders hold the certified students' weights
+UNITS = "toy-certified-units"
 TABLES = ("plans", "scores", "distances", "influence", "students", "signature")
 
 
 @dataclass(frozen=True)
 class ToyInterventionConfig:
-    """Which converged students to edit, on how many inputs. Defaults are the ``cpu`` profile's (minutes, one core)."""
+    """Which of chapter 3's certified-protocol students to edit, on how many inputs. Defaults are the ``cpu``
+    profile's (minutes on one core, once chapter 3's units are in the local cache)."""
 
-    profile: str = "cpu"             # chapter 3's profile whose converged students are loaded
+    profile: str = "cpu"             # chapter 3's profile whose certified students are loaded
     depth: int = 24                  # student blocks ℓ: between Gemma's 18 and SmolLM2's 30, so k/ℓ and the
-                                     # permutation distances are on the LMs' scale; every student of this depth
-                                     # passed the convergence rule in chapter 3
+                                     # permutation distances are on the LMs' scale
     rhos: tuple[float, ...] = (0.0, 1.0)   # independent and tied teachers
     temperature: float = 1.0
     replicates: int = 3
@@ -60,8 +69,18 @@ class ToyInterventionConfig:
     def validate(self) -> "ToyInterventionConfig":
         for rho in self.rhos:
             if rho not in TEACHER_KINDS:
-                raise InputError(f"the converged students have tied (rho 1) or independent (rho 0) teachers, got {rho}")
+                raise InputError(f"the certified students have tied (rho 1) or independent (rho 0) teachers, got {rho}")
         int_in_range("student depth", self.depth, 3)
+        protocol = self.protocol()
+        if self.depth not in protocol.depths:
+            raise InputError(f"chapter 3's {self.profile} students have depths {', '.join(map(str, protocol.depths))}, "
+                             f"not {self.depth}")
+        cells = {(c[0], c[1]): c[2] for c in protocol.cells}
+        for rho in self.rhos:
+            if cells.get((rho, self.temperature), 0) < self.replicates:
+                raise InputError(f"chapter 3's {self.profile} protocol has {cells.get((rho, self.temperature), 0)} "
+                                 f"replicate(s) of the {TEACHER_KINDS[rho]} teacher at T = {self.temperature:g}, "
+                                 f"not {self.replicates}")
         int_in_range("replicates", self.replicates, 1)
         int_in_range("docs", self.docs, 2)
         int_in_range("inputs per doc", self.inputs_per_doc, 1)
@@ -69,43 +88,68 @@ class ToyInterventionConfig:
         self.suite.validate()
         return self
 
-    def converged(self) -> ConvergedConfig:
-        """Chapter 3's converged-protocol settings of ``profile`` (its students are loaded)."""
+    def protocol(self) -> CertifiedConfig:
+        """Chapter 3's certified-protocol settings of ``profile`` (its students are loaded)."""
         from depthlib.toy.chapter import PROFILES
         if self.profile not in PROFILES:
             raise InputError(f"chapter 3 has no profile {self.profile!r}")
-        return PROFILES[self.profile].converged
+        return PROFILES[self.profile].certified
+
+    def units_protocol(self) -> CertifiedConfig:
+        """The certified protocol restricted to the depths its depth-``depth`` students depend on: ``depth`` and the
+        halving chain below it that progressive depth splits from (cpu: 24, 12, 6), or, where that chain is shorter
+        than the protocol's minimum of three depths, every depth up to ``depth``. A student's stages are seeded by
+        (replicate, depth, stage) and its warm starts come from shallower depths of that chain only, so these units
+        train exactly chapter 3's depth-``depth`` students, for a third of a whole unit's cost."""
+        p = self.protocol()
+        chain = [self.depth]
+        while chain[-1] % 2 == 0 and chain[-1] // 2 in p.depths:
+            chain.append(chain[-1] // 2)
+        if len(chain) < 3:
+            chain = [d for d in p.depths if d <= self.depth]
+        return dataclasses.replace(p, depths=tuple(sorted(chain)))
 
     def key(self) -> dict:
-        """The run's results-cache config: these settings and the converged protocol's (which students)."""
-        return {**asdict(self), "converged": self.converged().to_dict()}
+        """The run's results-cache config: these settings and the certified protocol's units it trains and edits."""
+        return {**asdict(self), "certified": self.units_protocol().to_dict()}
 
 
 def model_name(rho: float, replicate: int) -> str:
     return f"toy {TEACHER_KINDS[rho]} r{replicate}"
 
 
+def _cell(cfg: ToyInterventionConfig, rho: float, replicate: int) -> dict:
+    return {"rho": float(rho), "temperature": float(cfg.temperature), "replicate": int(replicate)}
+
+
+def train_units(cfg: ToyInterventionConfig) -> None:
+    """Chapter 3's units of the students ``cfg`` edits (:meth:`ToyInterventionConfig.units_protocol`), in the local
+    cache with their weights: those the cache lacks are trained now by chapter 3's code, one process per core (a
+    committed unit has no weights, so it is not used)."""
+    from depthlib.toy.chapter import train_protocol_units
+    train_protocol_units("certified", cfg.units_protocol(), [_cell(cfg, rho, r) for rho in cfg.rhos
+                                                             for r in range(cfg.replicates)], committed=False)
+
+
 def load_student(cfg: ToyInterventionConfig, rho: float, replicate: int) -> tuple[ResidualNet, ResidualNet, dict]:
-    """(student, teacher, its row of chapter 3's table) of one converged student: the best route at ``cfg.depth``."""
-    conv = cfg.converged()
-    cell = {"rho": float(rho), "temperature": float(cfg.temperature), "replicate": int(replicate)}
-    unit = results.open_run(UNITS, {**conv.to_dict(), "cell": cell})
-    what = f"the converged {TEACHER_KINDS[rho]}-teacher student r{replicate} (ℓ = {cfg.depth})"
-    if not unit.has("converged"):
+    """(student, teacher, its row of chapter 3's table ``certified``) of one certified student: the one chapter 3's
+    exponent uses at ``cfg.depth``, read from its unit in the local cache."""
+    protocol = cfg.units_protocol()
+    unit = results.open_run(UNITS, {**protocol.to_dict(), "cell": _cell(cfg, rho, replicate)})
+    what = f"the certified {TEACHER_KINDS[rho]}-teacher student r{replicate} (ℓ = {cfg.depth})"
+    if not unit.has("certified"):
         raise ReplayUnavailable(f"{what} is not in the local cache ({unit.path}): its weights are never committed; "
-                                f"train it with `depthlib toy --protocol converged --profile {cfg.profile}`")
-    best = best_routes(unit.table("converged"))
-    row = best[best["depth"] == cfg.depth]
-    if row.empty:
-        raise InputError(f"chapter 3's {cfg.profile} protocol has no student of depth {cfg.depth}")
-    row = row.iloc[0].to_dict()
-    path = unit.path / f"student_{row['route']}_{cfg.depth:03d}.pt"
+                                f"train it with `depthlib toy --protocol certified --profile {cfg.profile} --rerun`")
+    row = unit.table("certified")
+    row = row[row["depth"] == cfg.depth].iloc[0].to_dict()
+    path = unit.path / f"student_{row['stage']}_{cfg.depth:03d}.pt"
     if not path.exists():
         raise ReplayUnavailable(f"{what}: weights {path} missing (never committed; retrain with chapter 3)")
     w = StudentWeights(**torch.load(path, weights_only=False)["weights"])
-    shape = conv.shape()
+    shape = protocol.shape()
     student = ResidualNet.from_weights(w, shape, "euler", "fixed").eval()
-    teacher = teacher_module(make_teacher(rho, derive_seed(conv.seed, "teacher", replicate), shape), shape, "fixed")
+    teacher = teacher_module(make_teacher(rho, derive_seed(protocol.seed, "teacher", replicate), shape), shape,
+                             "fixed")
     return student, teacher, {**row, "unit": unit.path.name}
 
 
@@ -140,7 +184,7 @@ class ToyBatch:
 def inputs(cfg: ToyInterventionConfig, what: str, n_docs: int) -> torch.Tensor:
     """Fresh Gaussian inputs (n_docs · inputs_per_doc, d), keyed by the seed and ``what`` (test | rank)."""
     g = torch.Generator().manual_seed(derive_seed(cfg.seed, "interventions", what))
-    return torch.randn((n_docs * cfg.inputs_per_doc, cfg.converged().d_model), generator=g)
+    return torch.randn((n_docs * cfg.inputs_per_doc, cfg.protocol().d_model), generator=g)
 
 
 def edit_student(cfg: ToyInterventionConfig, rho: float, replicate: int, progress: bool = False,
@@ -169,7 +213,7 @@ def edit_student(cfg: ToyInterventionConfig, rho: float, replicate: int, progres
                                       desc=f"interventions {name}")
     ident = scores[scores["plan"] == meta.loc[meta["family"] == "identity", "plan"].iloc[0]]
     student_row = {**{k: row[k] for k in ("teacher", "rho", "temperature", "replicate", "depth", "route",
-                                          "test_loss", "converged", "unit")},
+                                          "stage", "test_loss", "certified", "last_continuation_gain", "unit")},
                    "loss_here": float(ident["loss"].sum() / ident["n"].sum()), "plateau": " ".join(map(str, plateau)),
                    "seconds": seconds}
     out = {"plans": meta, "scores": scores, "distances": distances, "influence": influence,
@@ -179,14 +223,16 @@ def edit_student(cfg: ToyInterventionConfig, rho: float, replicate: int, progres
 
 def run_toy_interventions(config: ToyInterventionConfig | None = None, *, profile: str = "custom",
                           progress: bool = True, force: bool = False) -> results.Run:
-    """Edit every converged student of ``config`` (tables as :func:`depthlib.interventions.run_interventions`, with a
-    ``model`` column naming the student, e.g. ``toy independent r0``, and ``students``: which student, its route,
-    chapter 3's held-out loss and the unedited loss on this run's inputs)."""
+    """Edit every student of ``config`` (tables as :func:`depthlib.interventions.run_interventions`, with a ``model``
+    column naming the student, e.g. ``toy independent r0``, and ``students``: which student, its route and stage,
+    whether chapter 3 certified it, its held-out loss there and the unedited loss on this run's inputs). Chapter 3's
+    units the local cache lacks are trained first (:func:`train_units`)."""
     cfg = (config or ToyInterventionConfig()).validate()
     with results.computing(EXPERIMENT, cfg.key(), profile=profile, code=("depthlib.interventions.toy:run_toy_interventions",),
                            seed=cfg.seed, device="cpu", force=force, tables=TABLES) as job:
         if job.complete:
             return job.run
+        train_units(cfg)
         t0 = time.perf_counter()
         parts = [edit_student(cfg, rho, r, progress) for rho in cfg.rhos for r in range(cfg.replicates)]
         for t in TABLES:

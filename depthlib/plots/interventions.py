@@ -1,4 +1,4 @@
-"""Figures of chapter 5 (interventions): every prediction's statistic on the LMs beside the two converged controls,
+"""Figures of chapter 5 (interventions): every prediction's statistic on the LMs beside the two toy controls,
 rescaled deletion against the two predicted laws, reordering against distance, parallel groups, stream norms and the
 long-lag signature.
 
