@@ -276,6 +276,9 @@ def _chapter5(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     table = analysis.prediction_table(chapter.statistics(runs), [m for m in runs if m != "toy"])
     rows = table[(table["statistic"] == "order_ratio") & (table["scope"] == "middle")
                  & ~table["model"].str.startswith("toy")] if len(table) else table
+    students = runs["toy"].table("students")
+    controls = (f"controls: {len(students)} of chapter 3's students at ℓ = {int(students['depth'].iloc[0])}"
+                + (f", {int(students['certified'].sum())} certified" if "certified" in students else ""))
     out = []
     for r in rows.itertuples():
         usable = bool(r.held_on_control and r.separates_controls)
@@ -283,8 +286,8 @@ def _chapter5(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                "not applied: " + ("the prediction failed on its control" if not r.held_on_control
                                   else "the two controls do not separate"))
         out.append(Measurement(r.model, r.value, r.lo, r.hi, profile,
-                               f"reordering ÷ deleting the same blocks, 95 % bootstrap over documents; {why}",
-                               converged=usable))
+                               f"reordering ÷ deleting the same blocks, 95 % bootstrap over documents; {why}; "
+                               f"{controls}", converged=usable))
     return {"order_matters_little": out}
 
 
