@@ -114,15 +114,15 @@ CLAIMS: tuple[Claim, ...] = (
           (PI / 4, 3 * PI / 4), "θ(Δh) in [π/4, 3π/4] (half-way to the parallel updates of a smooth flow)",
           "ch2-updates"),
     Claim("tied_alpha", 3, "Toy, tied teacher (a smooth flow): α_ℓ → 3", 3.0, "≈ 3 at high T", (2.0, math.inf),
-          "α_ℓ > 2", "ch3-calibration"),
+          "α_ℓ > 2", "ch3-certified"),
     Claim("independent_alpha", 3, "Toy, independent teacher (an ensemble): α_ℓ ≈ 1 at every T", 1.0, "≈ 1",
-          (0.0, 2.0), "α_ℓ < 2", "ch3-calibration"),
+          (0.0, 2.0), "α_ℓ < 2", "ch3-certified"),
     Claim("tied_minus_independent", 3, "Toy: the calibration's step, a smooth flow's students have the larger depth "
           "exponent: α_ℓ(tied) − α_ℓ(independent) ≈ 2", 2.0, "3 − 1 = 2", (1.0, math.inf),
-          "difference > 1 (half-way from no difference)", "ch3-calibration"),
+          "difference > 1 (half-way from no difference)", "ch3-certified"),
     Claim("low_t_incomplete", 3, "Toy, tied teacher at low T: α_ℓ ≈ 1 is incomplete training (→ 3 when trained "
           "longer)", 3.0, "→ 3 with longer training", (2.0, math.inf), "α_ℓ > 2 after converged training",
-          "ch3-calibration"),
+          "ch3-certified"),
     Claim("student_signatures", 3, "The LLM signatures match the independent-teacher students (θ(Δh) ≈ π/2)",
           PI / 2, "π/2 = 1.57 rad", (PI / 4, 3 * PI / 4), "students' θ(Δh) in [π/4, 3π/4]", "ch3-signatures"),
     Claim("functional_groups", 4, "Causal tracing: an early group at the subject up to l/ℓ ≈ 0.6, a late group "
@@ -145,7 +145,7 @@ CLAIMS: tuple[Claim, ...] = (
 )
 #: where each row's link points: the MyST label of the section that shows the number (in the chapter notebooks)
 SECTIONS = {"ch1-alpha": 1, "ch1-optimum": 1, "ch2-trajectories": 2, "ch2-angles": 2, "ch2-updates": 2,
-            "ch3-calibration": 3, "ch3-signatures": 3, "ch4-groups": 4, "ch5-order": 5, "ch6-alpha": 6,
+            "ch3-certified": 3, "ch3-signatures": 3, "ch4-groups": 4, "ch5-order": 5, "ch6-alpha": 6,
             "ch6-angles": 6, "ch7-alpha": 7, "ch7-text": 7}
 
 

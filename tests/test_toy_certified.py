@@ -162,13 +162,13 @@ def test_smoke_run_merges_reports_and_draws(roots):
     carries its numbers and every figure draws marks with titled axes."""
     from depthlib import plots
     from depthlib.plots import toy as figs
-    from depthlib.toy import chapter
+    from depthlib.toy import chapter, views
     run = chapter.certified_run("smoke")
     cert, stages = run.table("certified"), run.table("stages")
     assert len(cert) == 6 * 3 and set(run.table("separation")["fit"]) >= {"all depths"}
     summary = chapter.summary(run)
     assert summary["heldout_in_pool"] == 0 and summary["students_certified"].endswith(f"of {len(cert)}")
-    lines = chapter.certified_findings(run)
+    lines = views.certified_findings(run)
     assert any(line.startswith("tied teacher, T = 1: α_ℓ = ") for line in lines)
     assert any(line.startswith("Tied minus independent") for line in lines)
     assert any("rounds of continuations" in line for line in lines)
@@ -177,7 +177,7 @@ def test_smoke_run_merges_reports_and_draws(roots):
                 figs.alpha_by_fit(run.table("alpha_summary"), run.table("fragility")),
                 figs.alpha_by_round(run.table("alpha_rounds"))):
         assert plots.figure_problems(fig) == []
-    answer = chapter.certified_answer(run)
+    answer = views.certified_answer(run)
     assert answer.startswith(f"**{int(cert['certified'].sum())} of {len(cert)} students are certified**")
     for teacher, temp in (("tied", 1), ("independent", 1), ("tied", 0.01)):
         c = cert[(cert["teacher"] == teacher) & (cert["temperature"] == temp)]
@@ -186,6 +186,17 @@ def test_smoke_run_merges_reports_and_draws(roots):
         assert said in answer
     uncertified = not cert[cert["temperature"] == 1]["certified"].all()
     assert ("not what the converged exponents are" in answer) == uncertified
+    # the reading and the conclusion word the same tables: the certificate's count, the paired difference as the
+    # separation table gives it, and "undecided" exactly when some student is not certified
+    reading = views.certified_reading(run)
+    n_cert = int(cert["certified"].sum())
+    assert reading.startswith(f"**Reading it.** {n_cert} of {len(cert)} students are certified")
+    every = run.table("separation").query("fit == 'all depths'").iloc[0]
+    assert f"{every['diff']:+.2f} [{every['lo']:+.2f}, {every['hi']:+.2f}]" in reading
+    assert ("the verdict counts the rows that rest on it as undecided" in reading) == (n_cert < len(cert))
+    ending = views.conclusion({"certified": run})
+    assert f"paired difference {every['diff']:+.2f}" in ending
+    assert ("**undecided**" in ending) == (n_cert < len(cert))
     assert chapter.replay(run)[["committed", "replayed"]].notna().all().all()
 
 

@@ -115,10 +115,16 @@ def _converged_run(root, rows, unconverged=(), config=None):
     return run
 
 
+def _showing(monkeypatch, protocol: str) -> None:
+    """Chapter 3 as it would be if it showed ``protocol`` ("converged" or "certified") as its protocol part."""
+    monkeypatch.setattr(toy_chapter, "SHOWN_PARTS", ("sweep", "calibration", protocol))
+
+
 def test_chapter3_prefers_a_converged_run_whose_1_percent_rule_decides_nothing(tmp_path, monkeypatch):
     """The converged protocol's rows come from its run, but its 1 % rule is one a schedule can meet: every row it
     gives is undecided, whatever its interval says, and the note says why."""
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    _showing(monkeypatch, "converged")
     rows = [dict(teacher="tied", temperature=0.01, alpha=2.6, lo=2.3, hi=2.9, replicates=3),
             dict(teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3),
             dict(teacher="independent", temperature=1.0, alpha=1.05, lo=0.9, hi=1.2, replicates=3)]
@@ -149,6 +155,7 @@ def test_a_run_without_a_number_it_can_stand_behind_is_undecided_not_untested():
 def test_unconverged_students_decide_nothing(tmp_path, monkeypatch):
     """A value from students that are not certified is 'undecided', whatever its interval says."""
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
+    _showing(monkeypatch, "converged")
     rows = [dict(teacher="tied", temperature=0.01, alpha=1.4, lo=1.0, hi=1.8, replicates=1),
             dict(teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3),
             dict(teacher="independent", temperature=1.0, alpha=1.05, lo=0.9, hi=1.2, replicates=3)]
@@ -184,10 +191,10 @@ def test_chapter3_reads_only_a_protocol_run_its_notebook_shows(tmp_path, monkeyp
     not read it either (its rows stay untested); nor a certified run while the chapter does not show that part."""
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
     root = results.paths.local_results_dir()
+    _showing(monkeypatch, "converged")
     row = dict(teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3)
     _converged_run(root, [row], config={**_protocol_config("converged"), "steps_deepest": 1})
     assert "tied_alpha" not in verdict._chapter3("cpu", rerun=True)
-    assert "certified" not in toy_chapter.SHOWN_PARTS          # until its cpu run is committed
     _certified_run(root, [dict(fit="envelope", **row)])
     assert "tied_alpha" not in verdict._chapter3("cpu", rerun=True)
     _converged_run(root, [{**row, "alpha": 2.5}])
@@ -212,7 +219,7 @@ def test_chapter3_prefers_a_certified_run_and_an_uncertified_student_decides_not
     from the certified run's envelope, and a cell with a student the continuations did not certify is 'not
     reproduced' (it cannot decide)."""
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(toy_chapter, "SHOWN_PARTS", toy_chapter.SHOWN_PARTS + ("certified",))
+    _showing(monkeypatch, "certified")
     root = results.paths.local_results_dir()
     _converged_run(root, [dict(teacher="tied", temperature=1.0, alpha=9.0, lo=8.0, hi=10.0, replicates=3)])
     _certified_run(root, [
@@ -282,7 +289,7 @@ def test_a_row_that_differs_says_by_how_much_and_the_calibration_difference_is_a
     assert row.status == "differs" and row.how_much == "the paper's value is 0.10 above the interval"
     assert "differs (the paper's value is 0.10 above the interval)" in verdict.table([row])["status"].iloc[0]
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(toy_chapter, "SHOWN_PARTS", toy_chapter.SHOWN_PARTS + ("certified",))
+    _showing(monkeypatch, "certified")
     root = results.paths.local_results_dir()
     envelope = [dict(fit="envelope", teacher=t, temperature=1.0, alpha=a, lo=a - 0.2, hi=a + 0.2, replicates=3)
                 for t, a in (("tied", 2.9), ("independent", 1.0))]

@@ -437,7 +437,7 @@ def alpha_by_round(rounds: pd.DataFrame):
     cells = sorted({(t, T) for t, T in zip(rounds["teacher"], rounds["temperature"])},
                    key=lambda k: (k[0] != "tied", -k[1]))
     fig = plots.new_figure("Depth exponent after each round of continuations",
-                           "rounds of continuations (each: half the student's steps so far, re-warmed and decayed)",
+                           "rounds of continuations (each: half the steps so far, re-warmed)",
                            "α_ℓ of the envelope (dimensionless)")
     for k, (teacher, T) in enumerate(cells):
         g = rounds[(rounds["teacher"] == teacher) & (rounds["temperature"] == T)].sort_values("round")

@@ -48,7 +48,7 @@ COMPUTE = {EXPERIMENT: "depthlib.toy.sweep:run_sweep", CALIBRATION_EXPERIMENT: "
 PARTS = ("sweep", "calibration", "converged", "certified")
 #: The parts the chapter shows by default: ``certified`` joins them (replacing ``converged``) once its cpu run is
 #: committed (it takes hours).
-SHOWN_PARTS = ("sweep", "calibration", "converged")
+SHOWN_PARTS = ("sweep", "calibration", "certified")
 
 
 @dataclass(frozen=True)
@@ -611,112 +611,6 @@ def converged_findings(run: results.Run, paper: pd.DataFrame | None = None) -> l
                             for r in lower.itertuples())
                         + ": there the protocol's students are not at the converged loss."))
     return lines
-
-
-def certified_findings(run: results.Run) -> list[str]:
-    """The chapter's sentences about the certified protocol, generated from its tables (no number typed by hand): per
-    teacher and temperature the envelope's α_ℓ with its interval, its drop-one-depth range and local slopes, how many
-    students are certified (and the gains of those that are not), the held-out / pool gap, the untrained warm
-    starts' exponents, α_ℓ after each round of continuations; the tied − independent difference under every refit;
-    the exact held-out check."""
-    cfg = from_dict(certified.CertifiedConfig, run.config)
-    summary, frag, slopes = run.table("alpha_summary"), run.table("fragility"), run.table("slopes")
-    cert, sep, per = run.table("certified"), run.table("separation"), run.table("alpha")
-    lines = []
-    for r in summary[summary["fit"] == "envelope"].itertuples():
-        cell = (cert["teacher"] == r.teacher) & (cert["temperature"] == r.temperature)
-        c = cert[cell]
-        f = frag[(frag["teacher"] == r.teacher) & (frag["temperature"] == r.temperature)
-                 & frag["fit"].str.startswith("without")]
-        s = slopes[(slopes["teacher"] == r.teacher) & (slopes["temperature"] == r.temperature)
-                   & (slopes["replicate"] == -1)]
-        reps = per[(per["fit"] == "envelope") & (per["teacher"] == r.teacher) & (per["temperature"] == r.temperature)]
-        local = ", ".join(f"{a.depth_from}→{a.depth_to}: {a.slope:.2f}" + (f" [{a.lo:.2f}, {a.hi:.2f}]"
-                                                                            if np.isfinite(a.lo) else "")
-                          for a in s.itertuples())
-        open_ = c[~c["certified"]]
-        lines.append(
-            f"{r.teacher} teacher, T = {r.temperature:g}: α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] ({r.interval}); "
-            f"per replicate {', '.join(f'{a:.2f}' for a in reps['alpha'])}; without one depth "
-            f"{f['alpha'].min():.2f} to {f['alpha'].max():.2f}; local slopes {local}. "
-            f"{int(c['certified'].sum())} of {len(c)} students certified"
-            + ("" if open_.empty else " (not: " + "; ".join(
-                f"replicate {u.replicate} ℓ = {u.depth}, gains {u.continuation_gains}" for u in open_.itertuples())
-               + ")")
-            + f"; {int(c['within_gap'].sum())} of {len(c)} within {certified.GAP_BELOW:.0%} of their pool loss "
-            f"(held-out ÷ pool − 1 from {c['gap'].min():+.1%} to {c['gap'].max():+.1%}).")
-    rounds = run.table("alpha_rounds")
-    for (teacher, temp), g in rounds.groupby(["teacher", "temperature"], sort=False):
-        lines.append(f"{teacher} teacher, T = {temp:g}: α_ℓ after 0, 1, … rounds of continuations: "
-                     + ", ".join(f"{r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}]" for r in g.sort_values("round").itertuples())
-                     + " (each depth's best loss so far).")
-    untrained = summary[summary["fit"].str.startswith("untrained")]
-    for r in untrained.itertuples():
-        env = summary[(summary["fit"] == "envelope") & (summary["teacher"] == r.teacher)
-                      & (summary["temperature"] == r.temperature)]
-        if len(env):
-            lines.append(f"{r.teacher} teacher, T = {r.temperature:g}: the {r.fit.removeprefix('untrained ')} warm "
-                         f"start, untrained, has α_ℓ = {r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}] against "
-                         f"{env['alpha'].iloc[0]:.2f} trained (the envelope).")
-    if len(sep):
-        every = sep[sep["fit"] == "all depths"].iloc[0]
-        drops = sep[sep["fit"] != "all depths"]
-        apart = bool((sep["lo"] > 0).all())
-        lines.append(f"Tied minus independent at T = {every['temperature']:g}, paired by replicate: Δα_ℓ = "
-                     f"{every['diff']:+.2f} [{every['lo']:+.2f}, {every['hi']:+.2f}] (95 % t over {int(every['n'])} "
-                     f"replicates); without one depth {drops['diff'].min():+.2f} to {drops['diff'].max():+.2f}, lower "
-                     f"bounds {drops['lo'].min():+.2f} to {drops['lo'].max():+.2f}: "
-                     + ("the interval excludes 0 under every refit." if apart else
-                        "under at least one refit the interval includes 0."))
-    lines.append(f"Every route trains {cfg.steps:,} steps × {cfg.batch} at every depth; a continuation trains "
-                 f"{cfg.continuation:.0%} of the student's steps at its depth so far (the first "
-                 f"{cfg.continuation_steps(cfg.steps):,}); held-out inputs found in a training pool: "
-                 f"{int(cert['heldout_in_pool'].max())} (checked row by row, exactly).")
-    return lines
-
-
-def certified_answer(run: results.Run) -> str:
-    """The certified protocol's answer, one paragraph of Markdown generated from its tables. A cell (teacher,
-    temperature) is *decided* only when every student of its envelope is certified (its last continuation gained less
-    than ``gain_below``); otherwise it is undecided by the certificate, with the continuation gains that show why.
-    Beside the certificate it says how far each cell's α_ℓ moved in the last round of continuations against its
-    interval's half-width (the exponent's own stopping rule, reported as such, never as convergence), and whether the
-    paired tied − independent difference excludes 0 under every drop-one-depth refit."""
-    cfg = from_dict(certified.CertifiedConfig, run.config)
-    cert, rounds, sep = run.table("certified"), run.table("alpha_rounds"), run.table("separation")
-    summary = run.table("alpha_summary")
-    n_cert, n = int(cert["certified"].sum()), len(cert)
-    parts = [f"**{n_cert} of {n} students are certified** (a continuation of {cfg.continuation:.0%} of a student's "
-             f"steps, re-warmed and decayed, gained less than {cfg.gain_below:.0%} of its held-out loss; at most "
-             f"{cfg.max_continuations} continuations)."]
-    decided = {}
-    for (teacher, temp), c in cert.groupby(["teacher", "temperature"], sort=False):
-        env = summary[(summary["fit"] == "envelope") & (summary["teacher"] == teacher)
-                      & (summary["temperature"] == temp)].iloc[0]
-        g = rounds[(rounds["teacher"] == teacher) & (rounds["temperature"] == temp)].sort_values("round")
-        moved, half = abs(g["alpha"].iloc[-1] - g["alpha"].iloc[-2]), (g["hi"].iloc[-1] - g["lo"].iloc[-1]) / 2
-        steps = f"{int(c['steps'].min()):,}–{int(c['steps'].max()):,}"
-        decided[(teacher, temp)] = bool(c["certified"].all())
-        status = ("certified" if decided[(teacher, temp)] else
-                  f"**undecided by the certificate**: {int((~c['certified']).sum())} of {len(c)} students' last "
-                  f"continuations still gained {100 * c.loc[~c['certified'], 'last_continuation_gain'].min():.1f}–"
-                  f"{100 * c.loc[~c['certified'], 'last_continuation_gain'].max():.1f} %")
-        parts.append(f"The {teacher} teacher at T = {temp:g} is {status}. Its envelope's α_ℓ is {env['alpha']:.2f} "
-                     f"[{env['lo']:.2f}, {env['hi']:.2f}] after {steps} steps a student; over the last round of "
-                     f"continuations it moved by {moved:.2f}, "
-                     + ("less" if moved < half else "more") + f" than its interval's half-width ({half:.2f}).")
-    if len(sep):
-        every = sep[sep["fit"] == "all depths"].iloc[0]
-        apart = bool((sep["lo"] > 0).all())
-        both = all(decided.get((t, float(every["temperature"])), False) for t in ("tied", "independent"))
-        parts.append(f"The paired difference tied − independent at T = {every['temperature']:g} is "
-                     f"{every['diff']:+.2f} [{every['lo']:+.2f}, {every['hi']:+.2f}]; "
-                     + ("it excludes 0 under every drop-one-depth refit" if apart
-                        else "under at least one drop-one-depth refit its interval includes 0")
-                     + (", between certified losses." if both else
-                        ", between losses that are not certified: it says how the exponents of students trained this "
-                        "far compare, not what the converged exponents are."))
-    return " ".join(parts)
 
 
 def replay_converged(run: results.Run) -> pd.DataFrame:
