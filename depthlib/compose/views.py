@@ -296,15 +296,16 @@ compositional assembly."""
 
 
 # ---- what the chapter can and cannot say, and its conclusion --------------------------------------------------------
-def limits_text(run: results.Run, toy: results.Run, untied: results.Run, certified_text: results.Run | None = None,
-                hierarchy: results.Run | None = None) -> str:
+def limits_text(run: results.Run, toy: results.Run | None = None, untied: results.Run | None = None,
+                certified_text: results.Run | None = None, hierarchy: results.Run | None = None) -> str:
     """What this chapter can and cannot say, and what was not done (Markdown list): replicates, the grammar's size, the
     models' width and parameters, sequences per member, the text part's budget (``certified_text``: the part at
-    chapter 6's certified budget, when shown), the toy part's budget beside chapter 3's (``untied``), whether the root
-    task and a deeper grammar were run (``hierarchy``: the unseen control, when shown) and what the `paper` profile
-    (defined, not run) would train."""
+    chapter 6's certified budget, when shown), the old toy part's budget beside chapter 3's converged run (``toy``
+    and ``untied``, when shown: the certified toy part says its own limits,
+    :func:`depthlib.compose.looped_views.limits_text`), whether the root task and a deeper grammar were run
+    (``hierarchy``: the unseen control, when shown) and what the `paper` profile (defined, not run) would train."""
     from depthlib.compose.chapter import PROFILES, describe_text_certified
-    info, tinfo = _describe(run), _describe(toy)
+    info = _describe(run)
     not_done = ("a grammar deeper than the unseen control's (its root task is there, above)" if hierarchy is not None
                 else "classification of the root, and deeper grammars (no number in this book)")
     certified = ""
@@ -335,12 +336,7 @@ def limits_text(run: results.Run, toy: results.Run, untied: results.Run, certifi
   {info['sequences_per_member']:,} fresh sequences; the excess losses of the deep members were still falling when the
   1 % rule on the total loss was met, so their values (and every α fitted through them) are those of this
   budget.{unseen}{certified}
-* **Not done (cut for the budget):** {not_done}; more than one seed on text. The looped toy students were run with
-  {tinfo['replicates']} replicates and depths
-  {', '.join(map(str, tinfo['depths']))} (chapter 3's untied students: {untied.config['cells'][0][2]} replicates,
-  depths {', '.join(map(str, untied.config['depths']))}), {tinfo['steps'][max(tinfo['depths'])]:,} steps at the deepest
-  (chapter 3's run: {untied.config['steps_deepest']:,}) and {tinfo['continuations']} continuation rounds (chapter 3's:
-  {untied.config['continuations']}).
+* **Not done (cut for the budget):** {not_done}; more than one seed on text.{_old_toy_limits(toy, untied)}
 * **What a GPU-scale run needs.** The `paper` profile (defined, not run) is a deeper grammar ((v, m, s, L) =
   ({paper.grammar.v}, {paper.grammar.m}, {paper.grammar.s}, {paper.grammar.L}), {paper.grammar.length} leaves), width
   {paper.model.d_model}, effective depths {min(paper.depths)}–{max(paper.depths)}, {len(paper.seeds)} replicates and
@@ -352,6 +348,19 @@ def limits_text(run: results.Run, toy: results.Run, untied: results.Run, certifi
   beyond it, a web-scale corpus with enough tokens per parameter (Chinchilla's ≈ 20) at every effective depth and
   several seeds — hours of one GPU per family.
 """
+
+
+def _old_toy_limits(toy: results.Run | None, untied: results.Run | None) -> str:
+    """The old toy part's budget beside chapter 3's converged run (one sentence; empty without both runs)."""
+    if toy is None or untied is None:
+        return ""
+    tinfo = _describe(toy)
+    return f""" The looped toy students were run with
+  {tinfo['replicates']} replicates and depths
+  {', '.join(map(str, tinfo['depths']))} (chapter 3's untied students: {untied.config['cells'][0][2]} replicates,
+  depths {', '.join(map(str, untied.config['depths']))}), {tinfo['steps'][max(tinfo['depths'])]:,} steps at the deepest
+  (chapter 3's run: {untied.config['steps_deepest']:,}) and {tinfo['continuations']} continuation rounds (chapter 3's:
+  {untied.config['continuations']})."""
 
 
 def _alpha_interval(table: pd.DataFrame, family: str) -> str:

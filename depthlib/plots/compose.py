@@ -371,3 +371,86 @@ def text_certified_alphas(exponents: pd.DataFrame) -> go.Figure:
     plots.colour_key(fig, {FAMILY_NAMES.get(f, f): FAMILY_COLORS[f] for f in dict.fromkeys(rows["family"])
                            if f in FAMILY_COLORS})
     return _with_mechanism_guides(fig)
+
+
+# ---- the looped toy students under chapter 3's certified protocol (:mod:`depthlib.compose.looped_views`) ------------
+#: line dash, marker symbol and legend name of each kind of student in :func:`looped_loss_vs_depth`
+LOOPED_LOSS_STYLE = {"looped": ("solid", "circle", "looped (one block × ℓ), envelope"),
+                     "looped, scratch → halved": ("dot", "square", "looped, scratch → halved alone"),
+                     "untied": ("dash", "diamond", "untied (chapter 3), envelope")}
+#: marker symbol of each fit in :func:`looped_alpha_forest` (open where not every student is certified)
+LOOPED_FIT_SYMBOL = {"looped envelope": "circle", "looped, scratch → halved": "square",
+                     "looped route euler": "triangle-up", "looped route halved": "triangle-down",
+                     "looped untrained euler": "x", "untied envelope (chapter 3)": "diamond"}
+_KEY_GREY = "#555"
+#: the teachers' colours in chapter 3's certified figures (:mod:`depthlib.plots.toy`: tied first), which this section
+#: shows beside its own
+LOOPED_TEACHER_COLORS = {"tied": plots.color(0), "independent": plots.color(1)}
+
+
+def _open(symbol: str, filled: bool) -> str:
+    return symbol if filled or symbol == "x" else f"{symbol}-open"
+
+
+def looped_loss_vs_depth(lines: pd.DataFrame, temperature: float = 1.0) -> go.Figure:
+    """Held-out KL (nats; geometric mean over replicates, 95 % t interval of its logarithm) against student depth
+    (log–log) at ``temperature``, from :func:`depthlib.compose.looped_views.loss_lines`: the looped envelope (solid),
+    the scratch → halved chain alone (dotted), chapter 3's untied envelope (dashed), one colour per teacher; open
+    markers where not every replicate's student is certified; the untrained Euler start in grey."""
+    t = lines[np.isclose(lines["temperature"], temperature)]
+    fig = plots.new_figure(f"Toy, certified protocol: looped and untied students against depth, T = {temperature:g}",
+                           "student depth ℓ (block applications)", "held-out KL from the teacher (nats)",
+                           log_x=True, log_y=True)
+    for (kind, teacher), g in t.groupby(["kind", "teacher"], sort=False):
+        if kind not in LOOPED_LOSS_STYLE:
+            continue
+        g = g.sort_values("depth")
+        dash, symbol, name = LOOPED_LOSS_STYLE[kind]
+        full = (g["certified"] >= g["n"]).to_numpy()
+        fig.add_trace(go.Scatter(x=g["depth"], y=g["loss"], mode="lines+markers", error_y=_errors(g, "loss", "lo", "hi"),
+                                 line=dict(color=LOOPED_TEACHER_COLORS.get(teacher), dash=dash),
+                                 marker=dict(size=9, symbol=[_open(symbol, f) for f in full], line=dict(width=1.5)),
+                                 name=f"{name}, {teacher} teacher"))
+    euler = t[t["kind"] == "untrained Euler start"].sort_values("depth")
+    if len(euler):
+        fig.add_trace(go.Scatter(x=euler["depth"], y=euler["loss"], mode="lines+markers",
+                                 line=dict(color="#777", dash="dot", width=1.5), marker=dict(symbol="x", size=8),
+                                 name="untrained Euler start, tied teacher (the same network looped or untied)"))
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", hoverinfo="skip",
+                             marker=dict(symbol="circle-open", size=9, color=_KEY_GREY, line=dict(width=1.5)),
+                             name="open marker: not every replicate certified"))
+    fig.update_layout(legend=plots.LEGEND_BELOW, height=plots.HEIGHT + 24 * len(fig.data))
+    fig.update_xaxes(**plots.log_ticks(t["depth"]))
+    return fig
+
+
+def looped_alpha_forest(exponents: pd.DataFrame) -> go.Figure:
+    """α_ℓ [95 % t over replicates] of every fit of :func:`depthlib.compose.looped_views.exponent_table` — the looped
+    envelope, the scratch → halved chain, each looped route before any continuation, the untrained Euler start and
+    chapter 3's untied envelope on the looped depths — one row each, coloured by teacher, the marker's shape naming
+    the fit (open: not every student certified, or no certificate); grey bars: the range of the refits without one
+    depth; 1 and 3 marked."""
+    rows = exponents[np.isfinite(exponents["alpha"])].iloc[::-1].copy()      # a category axis starts at the bottom
+    rows["label"] = [f"{r.fit}<br>{r.teacher} teacher, ℓ = {r.depths}" for r in rows.itertuples()]
+    fig = plots.new_figure("Toy, certified protocol: depth exponent α<sub>ℓ</sub> of looped and untied students",
+                           "α<sub>ℓ</sub> (dimensionless; 95 % t over replicates)", "")
+    fig.add_trace(go.Scatter(x=rows["alpha"], y=rows["label"], mode="markers", error_x=_errors(rows, "alpha", "lo", "hi"),
+                             marker=dict(size=11, color=[LOOPED_TEACHER_COLORS.get(t) for t in rows["teacher"]],
+                                         symbol=[_open(LOOPED_FIT_SYMBOL.get(f, "circle"), c == "certified")
+                                                 for f, c in zip(rows["fit"], rows["certificate"])],
+                                         line=dict(width=1.5)),
+                             name="α<sub>ℓ</sub>", showlegend=False))
+    drop = rows[np.isfinite(rows["drop_one_min"])]
+    xs, ys = [], []
+    for r in drop.itertuples():
+        xs += [r.drop_one_min, r.drop_one_max, None]
+        ys += [r.label, r.label, None]
+    if xs:
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#999", width=9), opacity=0.6,
+                                 name="range of the refits without one depth", hoverinfo="skip"))
+    plots.colour_key(fig, {f"{t} teacher": LOOPED_TEACHER_COLORS[t] for t in dict.fromkeys(rows["teacher"])
+                           if t in LOOPED_TEACHER_COLORS}, symbol="square")
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", hoverinfo="skip",
+                             marker=dict(symbol="circle-open", size=10, color=_KEY_GREY, line=dict(width=1.5)),
+                             name="open marker: not every student certified (or no certificate)"))
+    return _with_mechanism_guides(fig)
