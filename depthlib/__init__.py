@@ -13,6 +13,7 @@ Similar" (ICML 2026, arXiv 2602.05970). One module per concept:
 - :mod:`depthlib.validate` shared validators (device, finite numbers, ranges) behind the one-line errors
 - :mod:`depthlib.executors` serial | joblib | submitit: where units of work (one run each) are computed
 - :mod:`depthlib.runtime`  process settings for long CPU runs (steady glibc malloc)
+- :mod:`depthlib.sources`  what a chapter's views read: a finished run or a mapping of its tables
 - :mod:`depthlib.measures` angles, middle-block ranges, power-law fits (one definition each)
 - :mod:`depthlib.data`     the Chinchilla CSV and text corpora
 - :mod:`depthlib.models`   model adapters: architecture table, loading (offline GGUF -> HF folder), hooks

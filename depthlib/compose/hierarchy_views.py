@@ -40,6 +40,9 @@ import pandas as pd
 from depthlib import claims
 from depthlib.compose import analysis
 from depthlib.compose.analysis import mean_interval
+from depthlib.sources import config as _config
+from depthlib.sources import manifest as _manifest
+from depthlib.sources import table as _table
 
 __all__ = ["BREAK_MARGIN", "DELETE_EDGE", "EDITS", "EDIT_KEYS", "EDIT_UNITS", "FAR_BELOW", "READINGS", "SHORT",
            "STATUSES", "answer", "baseline_table", "certification_table", "diagnostic_numbers", "diagnostics_table",
@@ -56,19 +59,6 @@ _CLAIMS = {c.key: c for c in claims.CLAIMS}
 #: the quantity each task's exponent rows read (the certified one: excess for the next leaf, error for the root)
 TASK_QUANTITY = {"leaf": "leaf excess", "root": "root error"}
 _UNITS = {"leaf excess": "nats/leaf", "root cross-entropy": "nats/sequence", "root error": "fraction"}
-
-
-# ---- reading a run or a mapping of tables ------------------------------------------------------------------------
-def _table(source, name: str) -> pd.DataFrame:
-    return source.table(name) if hasattr(source, "table") else source[name]
-
-
-def _config(source) -> dict:
-    return dict(source.config) if hasattr(source, "table") else dict(source.get("config", {}))
-
-
-def _manifest(source) -> dict:
-    return dict(source.manifest) if hasattr(source, "table") else dict(source.get("manifest", {}))
 
 
 def _members(source) -> pd.DataFrame:

@@ -41,6 +41,9 @@ import pandas as pd
 
 from depthlib.compose.analysis import mean_interval
 from depthlib.errors import InputError
+from depthlib.sources import config as _config
+from depthlib.sources import manifest as _manifest
+from depthlib.sources import table as _table
 from depthlib.toy import analysis as toy_analysis
 from depthlib.toy import certified
 
@@ -66,18 +69,6 @@ _UNTIED_ENVELOPE = "untied envelope (chapter 3)"
 
 
 # ---- reading runs or mappings of tables -----------------------------------------------------------------------------
-def _table(source, name: str) -> pd.DataFrame:
-    return source.table(name) if hasattr(source, "table") else source[name]
-
-
-def _config(source) -> dict:
-    return dict(source.config) if hasattr(source, "table") else dict(source.get("config", {}))
-
-
-def _manifest(source) -> dict:
-    return dict(source.manifest) if hasattr(source, "table") else dict(source.get("manifest", {}))
-
-
 def _protocol(run) -> dict:
     """The looped run's chapter-3 protocol settings (:class:`depthlib.toy.certified.CertifiedConfig` as a dict)."""
     return dict(_config(run).get("protocol", {}))

@@ -21,16 +21,13 @@ import numpy as np
 import pandas as pd
 
 from depthlib.lm import fit
+from depthlib.sources import table as _table
 
 __all__ = ["answer", "difference_display", "difference_table", "exponent_display", "exponent_table", "loss_changes",
            "loss_table", "measurements", "member_display", "settings_table", "signatures_display",
            "signatures_text"]
 
 FAMILY_ORDER = ("untied", "looped", "tied")
-
-
-def _table(source, name: str) -> pd.DataFrame:
-    return source.table(name) if hasattr(source, "table") else source[name]
 
 
 def _iv(v: float, lo: float, hi: float, digits: int = 2) -> str:

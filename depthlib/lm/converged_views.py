@@ -26,6 +26,8 @@ import pandas as pd
 
 from depthlib import claims
 from depthlib.lm import fit
+from depthlib.sources import config as _config
+from depthlib.sources import table as _table
 
 __all__ = ["ALPHA_CLAIM", "MIN_ANGLE_DEPTHS", "STATUSES", "THETA_CLAIM", "alpha_theta", "angle_points", "answer",
            "certified_losses", "defined_exponent", "final_alpha", "fit_curves", "members_table", "repetition_check",
@@ -38,17 +40,6 @@ MIN_ANGLE_DEPTHS = 5
 _CLAIMS = {c.key: c for c in claims.CLAIMS}
 #: the book's region and paper value for α_ℓ of a depth series (α_ℓ < 2) and for α_θ (within 0.5 of 1)
 ALPHA_CLAIM, THETA_CLAIM = _CLAIMS["series_alpha"], _CLAIMS["angle_depth"]
-
-
-# ---- reading a run or a mapping of tables ------------------------------------------------------------------------
-def _table(source, name: str) -> pd.DataFrame:
-    return source.table(name) if hasattr(source, "table") else source[name]
-
-
-def _config(source) -> dict:
-    if hasattr(source, "table"):
-        return dict(source.config)
-    return dict(source.get("config", {}))
 
 
 def defined_exponent(alpha: float) -> bool:
