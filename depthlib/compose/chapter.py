@@ -1,12 +1,12 @@
 """Chapter 7's glue: the profiles, the run the chapter shows, its replay check, what the text states about it.
 
 The names of the chapter contract (:mod:`depthlib.contract`): ``PROFILES``, ``runs`` (four parts shown: ``rhm``,
-the hierarchical positive control and looped depth on the grammar; ``toy``, looped students in chapter 3's toy;
-``hierarchy``, the positive control on an unseen, deeper grammar with both of its tasks, certified,
-:mod:`depthlib.compose.hierarchy`; and ``text_certified``, the three families on chapter 6's text at chapter 6's
-certified budget, :mod:`depthlib.compose.text_certified`; one part not shown until its cpu run is committed:
+the hierarchical positive control and looped depth on the grammar; ``hierarchy``, the positive control on an unseen,
+deeper grammar with both of its tasks, certified, :mod:`depthlib.compose.hierarchy`; ``text_certified``, the three
+families on chapter 6's text at chapter 6's certified budget, :mod:`depthlib.compose.text_certified`; and
 ``toy_certified``, the looped toy students trained and certified by chapter 3's certified protocol,
-:mod:`depthlib.compose.looped_certified`, which replaces ``toy``),
+:mod:`depthlib.compose.looped_certified`; one part no longer shown: ``toy``, the looped students under chapter 3's
+earlier converged protocol, which ``toy_certified`` replaced),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
 ``describe``, ``summary`` and ``COMPUTE``.
 """
@@ -51,8 +51,8 @@ TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
 TOY_CERTIFIED_EXPERIMENT = looped_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
 PARTS = ("rhm", "toy", "hierarchy", "text_certified", "toy_certified")
-#: The parts the chapter shows by default: ``toy_certified`` replaces ``toy`` once its cpu run is committed
-SHOWN_PARTS = ("rhm", "toy", "hierarchy", "text_certified")
+#: The parts the chapter shows by default (``toy_certified`` replaced ``toy``)
+SHOWN_PARTS = ("rhm", "hierarchy", "text_certified", "toy_certified")
 #: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
 PART_FIELDS = {"rhm": "run", "toy": "toy", "hierarchy": "hierarchy", "text_certified": "text_certified",
                "toy_certified": "toy_certified"}
