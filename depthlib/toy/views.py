@@ -65,11 +65,6 @@ def certified_answer(run: results.Run) -> str:
 
 
 
-def _iv(v: float, lo: float, hi: float) -> str:
-    """"v [lo, hi]" with two decimals."""
-    return f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
-
-
 def _gains(c: pd.DataFrame) -> str:
     """The range of the last continuation gains (%) of the students of ``c`` that are not certified."""
     g = 100 * c.loc[~c["certified"], "last_continuation_gain"]
@@ -156,7 +151,7 @@ def certified_reading(run: results.Run, converged_run: results.Run | None = None
         won = c.groupby("depth")["route"].agg(lambda v: "/".join(sorted(set(v))))
         shallow = frag[(frag["teacher"] == teacher) & np.isclose(frag["temperature"], 1.0)
                        & frag["fit"].str.startswith("without ℓ ≤")]
-        sentence = (f"The {teacher} teacher's α_ℓ = {_iv(r['alpha'], r['lo'], r['hi'])} lies "
+        sentence = (f"The {teacher} teacher's α_ℓ = {_interval(r['alpha'], r['lo'], r['hi'])} lies "
                     f"{_against(r, value)} {mechanism}. Over the rounds of continuations it went "
                     + " → ".join(f"{a:.2f}" for a in g["alpha"]) + f"; the last round moved it by {moved:+.3f}, "
                     + ("less" if abs(moved) < half else "more") + f" than its interval's half-width ({half:.3f})"
@@ -170,7 +165,7 @@ def certified_reading(run: results.Run, converged_run: results.Run | None = None
         if len(shallow):
             f0 = shallow.iloc[0]
             sentence += (f"; fitted to its {int(f0['depths'])} deepest depths only ({f0['fit']}) it is "
-                         f"{_iv(f0['alpha'], f0['lo'], f0['hi'])}")
+                         f"{_interval(f0['alpha'], f0['lo'], f0['hi'])}")
         parts.append(sentence + ".")
     low = [(t, temp) for t, temp in cert[["teacher", "temperature"]].drop_duplicates().itertuples(index=False)
            if temp < 1.0]
@@ -180,7 +175,7 @@ def certified_reading(run: results.Run, converged_run: results.Run | None = None
             continue
         raised = c[c["certified"] & (c["last_continuation_gain"] < 0)]
         far = c[~c["within_gap"]]
-        sentence = (f"At T = {temp:g} ({teacher} teacher) α_ℓ = {_iv(r['alpha'], r['lo'], r['hi'])}, "
+        sentence = (f"At T = {temp:g} ({teacher} teacher) α_ℓ = {_interval(r['alpha'], r['lo'], r['hi'])}, "
                     f"{_against(r, 3.0)} 3, with {int(c['certified'].sum())} of {len(c)} students certified and "
                     f"{len(c) - len(far)} of {len(c)} held-out losses within {100 * certified.GAP_BELOW:g} % of their "
                     "pool losses.")
@@ -204,7 +199,7 @@ def certified_reading(run: results.Run, converged_run: results.Run | None = None
             o = old[(old["teacher"] == teacher) & np.isclose(old["temperature"], 1.0)]
             if len(o) and t1.get(teacher) is not None:
                 o = o.iloc[0]
-                moved.append(f"{teacher} {_iv(o['alpha'], o['lo'], o['hi'])} → {t1[teacher]['alpha']:.2f}")
+                moved.append(f"{teacher} {_interval(o['alpha'], o['lo'], o['hi'])} → {t1[teacher]['alpha']:.2f}")
                 outside.append(not o["lo"] <= t1[teacher]["alpha"] <= o["hi"])
         if moved:
             parts.append("Against the converged protocol's students (a 1 % rule a schedule can meet, fewer steps for "
@@ -228,8 +223,8 @@ def conclusion(runs: dict[str, results.Run]) -> str:
         t, i = s.loc["tied"], s.loc["independent"]
         overlap = not (t["lo"] > i["hi"] or i["lo"] > t["hi"])
         lines.append(f"Trained by the paper's recipe at a CPU budget ({int(t['steps']):,} steps × {int(t['batch']):,}, "
-                     f"one replicate), the tied teacher's students give α_ℓ = {_iv(t['alpha'], t['lo'], t['hi'])} and "
-                     f"the independent teacher's {_iv(i['alpha'], i['lo'], i['hi'])}: the intervals "
+                     f"one replicate), the tied teacher's students give α_ℓ = {_interval(t['alpha'], t['lo'], t['hi'])} and "
+                     f"the independent teacher's {_interval(i['alpha'], i['lo'], i['hi'])}: the intervals "
                      + ("overlap, so that budget cannot turn \"α_ℓ ≈ 1\" into \"ensemble averaging\"." if overlap else
                         "do not overlap."))
     cert = runs.get("certified")
@@ -244,7 +239,7 @@ def conclusion(runs: dict[str, results.Run]) -> str:
             lines.append(
                 f"Trained by the certified protocol ({reps} replicates, every route {cfg.steps:,} steps × {cfg.batch} "
                 f"at every depth, then continued), the two teachers separate at T = 1: tied "
-                f"{_iv(t['alpha'], t['lo'], t['hi'])}, independent {_iv(i['alpha'], i['lo'], i['hi'])}, paired "
+                f"{_interval(t['alpha'], t['lo'], t['hi'])}, independent {_interval(i['alpha'], i['lo'], i['hi'])}, paired "
                 f"difference {every['diff']:+.2f} [{every['lo']:+.2f}, {every['hi']:+.2f}]"
                 + (", above 0 under every drop-one-depth refit" if apart else "")
                 + f". The tied exponent lies {_against(t, 3.0)} a smooth flow's 3 and the independent one "
@@ -262,7 +257,7 @@ def conclusion(runs: dict[str, results.Run]) -> str:
                 raised = int((cc["certified"] & (cc["last_continuation_gain"] < 0)).sum())
                 far = int((~cc["within_gap"]).sum())
                 lines.append(f"At T = {temp:g} the {teacher} teacher's students give "
-                             f"{_iv(r['alpha'], r['lo'], r['hi'])} ({int(cc['certified'].sum())} of {len(cc)} "
+                             f"{_interval(r['alpha'], r['lo'], r['hi'])} ({int(cc['certified'].sum())} of {len(cc)} "
                              f"certified, {raised} of them by a continuation that raised the held-out loss; {far} of "
                              f"{len(cc)} held-out losses more than {100 * certified.GAP_BELOW:g} % from their pool "
                              "losses)" + (": undecided." if far or cc["certified"].sum() < len(cc) else "."))
