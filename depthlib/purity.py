@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from depthlib import paths, results
+from depthlib import paths, results, units
 from depthlib.chapters import by_name, compute_entry
 from depthlib.errors import InputError
 
@@ -137,7 +137,8 @@ def replay_chapter(chapter: str, before: str, work: Path) -> dict:
         index = _side(paths.REPO_ROOT, chapter, work / "after", models)
         problems = compare(work / "before", work / "after")
         retired, added = retired_and_added(work / "before", work / "after")
-        compared = sorted({index[p]["experiment"] for p in index if p.replace("/", "__") not in added})
+        compared = {index[p]["experiment"] for p in index if p.replace("/", "__") not in added}
+        compared = sorted(compared | {u for u, merged in units.merged_by_units().items() if merged in compared})
         n_tables, n_rows = _count(work / "after")
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=paths.REPO_ROOT,

@@ -56,6 +56,19 @@ class UnitProtocol:
         return resolve(self.config_class).from_dict(config).validate()
 
 
+def merged_by_units() -> dict[str, str]:
+    """Every chapter's units experiment → the experiment of the run its units merge into. A unit's tables are rows of
+    its merged run's, so a replay that compares the merged run's tables compares its units' (:mod:`depthlib.purity`)."""
+    from depthlib.chapters import CHAPTERS
+    found = {}
+    for chapter in CHAPTERS:
+        for value in vars(chapter.module).values():
+            for p in value.values() if isinstance(value, dict) else (value,):
+                if isinstance(p, UnitProtocol):
+                    found[p.units] = p.experiment
+    return found
+
+
 def _stage_io(protocol: UnitProtocol, run: results.Run, job):
     """``load(stage, depth)`` and ``save(stage, depth, ...)`` of one unit: every finished student is one file in the
     unit's folder (its weights, curve and summary row), written atomically."""
@@ -204,4 +217,5 @@ def protocol_run(protocol: UnitProtocol, profile: str, settings: Callable[[str],
                                expected_config=lambda q: None if settings(q) is None else settings(q).to_dict())
 
 
-__all__ = ["UnitProtocol", "committed_unit", "merge_units", "protocol_run", "resolve", "train_unit", "train_units"]
+__all__ = ["UnitProtocol", "committed_unit", "merge_units", "merged_by_units", "protocol_run", "resolve", "train_unit",
+           "train_units"]

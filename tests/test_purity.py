@@ -87,3 +87,12 @@ def test_the_command_refuses_bad_arguments_in_one_line(capsys):
     assert purity.main(["--before", "HEAD", "nochapter"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: no chapter 'nochapter' (have scaling, probes, toy, tracing, interventions, lm, compose)")
+
+
+def test_a_units_run_is_compared_with_the_run_it_merges_into():
+    """A unit's tables are rows of its merged run's, so the replay that compares the merged run's tables vouches for
+    its units: every protocol of chapters 3 and 7 maps its units experiment to its merged one."""
+    from depthlib import units
+    found = units.merged_by_units()
+    assert found["toy-certified-units"] == "toy-certified" and found["toy-converged-units"] == "toy-converged"
+    assert found["compose-toy-certified-units"] == "compose-toy-certified"
