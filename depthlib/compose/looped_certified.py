@@ -42,13 +42,12 @@ from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.toy import analysis
 from depthlib.toy.certified import (
-    KEYS,
     CertifiedConfig,
     PoolStudents,
     StageTraining,
     Student,
-    heldout_in_pool,
-    make_pool,
+    UnitData,
+    UnitStages,
 )
 from depthlib.toy.converged import TEACHER_KINDS
 from depthlib.toy.engine import StudentSpec
@@ -188,74 +187,39 @@ def train_unit(cfg: LoopedCertifiedConfig, cell: dict, load: Callable[[str, int]
     p = cfg.protocol
     rho, r = cell["rho"], cell["replicate"]
     teacher = unit_teacher(cfg, cell)
-    cache: dict = {}
+    data = UnitData(p, teacher, cell, cfg.training(1.0), device)
 
-    def data():                                 # the pool and held-out targets, built once, only if a stage trains
-        if not cache:
-            cache["pool"] = tuple(t.to(device) for t in make_pool(p, teacher, r))
-            probe = PoolStudents(cache["pool"], 0, [teacher], [StudentSpec(0, cell["temperature"], 1, 0)],
-                                 cfg.training(1.0), 1, data_seeds=[0], test_seeds=[derive_seed(p.seed, "test", r)],
-                                 batch=p.batch, eval_batches=p.eval_batches, eval_batch_size=p.eval_batch_size,
-                                 shape=p.shape(), device=device)
-            cache["targets"] = probe.test_targets
-            cache["overlap"] = heldout_in_pool(cache["pool"][0], probe.x_test)
-        return cache["pool"], cache["targets"]
+    def train(depth, name, start, lr_scale, steps, parent_steps, start_from, at_depth) -> Student:
+        return train_stage(cfg, teacher, *data.get(), cell, depth, name, start, lr_scale, steps, parent_steps,
+                           start_from, device, at_depth)
 
-    stages, curves, table = [], [], []
+    stages = UnitStages(p, train, load, save, progress, f"{TEACHER_KINDS[rho]} T={cell['temperature']:g} r{r} (looped)")
+    table = []
     envelope: dict[int, Student] = {}              # each depth's certified (or last-continued) best student
     trained_alone: dict[int, Student] = {}         # each depth's best student whose lineage never saw the teacher
-
-    def stage(depth, name, start, lr_scale, parent_steps, start_from, before: Student | None = None) -> Student:
-        done = load(name, depth)
-        if done is None:
-            pool, targets = data()
-            progress(f"{TEACHER_KINDS[rho]} T={cell['temperature']:g} r{r} ℓ={depth} {name} (looped)")
-            at_depth = 0 if before is None else before.row["depth_steps"]
-            steps = p.steps if before is None else p.continuation_steps(at_depth)
-            done = train_stage(cfg, teacher, pool, targets, cell, depth, name, start, lr_scale, steps, parent_steps,
-                               start_from, device, at_depth)
-            save(name, depth, done)
-        stages.append(done.row)
-        curves.append(done.curve)
-        return done
-
     depths = sorted(p.depths)
     for i, depth in enumerate(depths):
         routes = []
         if i == 0:
-            routes.append(stage(depth, "scratch", None, 1.0, 0, "exp-9-3 init (one block)"))
+            routes.append(stages.stage(depth, "scratch", None, 1.0, 0, "exp-9-3 init (one block)"))
         else:
             prev = trained_alone[depths[i - 1]]
-            routes.append(stage(depth, "halved", halve(prev.weights), p.lr_warm, prev.row["steps"],
-                                f"halved {prev.row['stage']} ℓ={depths[i - 1]}"))
+            routes.append(stages.stage(depth, "halved", halve(prev.weights), p.lr_warm, prev.row["steps"],
+                                       f"halved {prev.row['stage']} ℓ={depths[i - 1]}"))
         if cfg.euler and rho == 1.0:
-            routes.append(stage(depth, "euler", euler_block(teacher, depth), p.lr_warm, 0,
-                                "Euler discretisation (teacher's block)"))
-        best = min(routes, key=lambda s: s.row["test_loss"])
-        gains, is_certified = [], False
-        for k in range(1, p.max_continuations + 1):
-            cont = stage(depth, f"{best.row['route']}+c{k}", best.weights, best.row["lr_scale"], best.row["steps"],
-                         best.row["stage"], before=best)
-            gains.append(cont.row["gain"])
-            if cont.row["test_loss"] < best.row["test_loss"]:
-                best = cont
-            if cont.row["gain"] < p.gain_below:
-                is_certified = True
-                break
-        envelope[depth] = best
+            routes.append(stages.stage(depth, "euler", euler_block(teacher, depth), p.lr_warm, 0,
+                                       "Euler discretisation (teacher's block)"))
+        cert = stages.certify(depth, min(routes, key=lambda s: s.row["test_loss"]))
+        best = envelope[depth] = cert.best
         alone = [s for s in routes if s.row["route"] != "euler"]
         if best.row["route"] != "euler":
             alone.append(best)
         trained_alone[depth] = min(alone, key=lambda s: s.row["test_loss"])
-        table.append({**{k: best.row[k] for k in KEYS}, "route": best.row["route"], "stage": best.row["stage"],
-                      "steps": best.row["steps"], "test_loss": best.row["test_loss"],
-                      "pool_loss": best.row["pool_loss"], "parameters": best.row["parameters"],
-                      "certified": is_certified, "last_continuation_gain": gains[-1], "continuations": len(gains),
-                      "continuation_gains": ", ".join(f"{g:+.4f}" for g in gains)})
-    data()                                       # the exact held-out check, also when every stage was resumed
+        table.append(cert.row(parameters=best.row["parameters"]))
+    overlap = data.overlap                       # the exact held-out check, also when every stage was resumed
     sigs, lags = unit_signatures(cfg, cell, teacher, envelope)
-    return (pd.DataFrame(stages), pd.concat(curves, ignore_index=True),
-            pd.DataFrame(table).assign(heldout_in_pool=cache["overlap"]), sigs, lags)
+    return (pd.DataFrame(stages.rows), pd.concat(stages.curves, ignore_index=True),
+            pd.DataFrame(table).assign(heldout_in_pool=overlap), sigs, lags)
 
 
 __all__ = ["EXPERIMENT", "ROUTES", "UNITS", "LoopedCertifiedConfig", "LoopedPoolStudents", "train_stage",

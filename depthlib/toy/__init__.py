@@ -10,13 +10,13 @@
 from depthlib.toy.engine import BatchedStudents, StudentSpec
 from depthlib.toy.models import (
     VARIANTS,
+    StudentTraining,
     ToyShape,
-    TrainConfig,
     derive_seed,
     init_student,
     make_teacher,
     variant,
 )
 
-__all__ = ["BatchedStudents", "StudentSpec", "ToyShape", "TrainConfig", "VARIANTS", "derive_seed",
+__all__ = ["BatchedStudents", "StudentSpec", "ToyShape", "StudentTraining", "VARIANTS", "derive_seed",
            "init_student", "make_teacher", "variant"]

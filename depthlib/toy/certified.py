@@ -59,7 +59,7 @@ from depthlib.measures import fit_power_law
 from depthlib.toy import analysis
 from depthlib.toy.converged import TEACHER_KINDS, euler_student, split_student
 from depthlib.toy.engine import BatchedStudents, StudentSpec, _rms
-from depthlib.toy.models import StudentWeights, TeacherWeights, ToyShape, TrainConfig, derive_seed, make_teacher, variant
+from depthlib.toy.models import StudentTraining, StudentWeights, TeacherWeights, ToyShape, derive_seed, make_teacher, variant
 
 ROUTES = ("scratch", "euler", "distilled", "progressive")
 #: A student's held-out loss should lie within this fraction of its training-pool loss.
@@ -71,7 +71,7 @@ KEYS = ["teacher", "rho", "temperature", "replicate", "depth"]
 
 # ---- the schedule ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class StageTraining(TrainConfig):
+class StageTraining(StudentTraining):
     """exp-9-3's training (KL on tempered logits, the teacher's fixed head, lr 6e-4·4/√ℓ) with a stage's lr scale and
     schedule: warm-up to the base rate, constant, then a linear decay to ``decay_to`` of it at the last step."""
 
@@ -340,6 +340,98 @@ def train_stage(cfg: CertifiedConfig, teacher: TeacherWeights, pool, test_target
     return Student(eng.export_student(0), row, df)
 
 
+
+# ---- one unit's data, stages and certificates (shared with chapter 7's looped students) ------------------------
+class UnitData:
+    """One unit's training pool and held-out targets, built once and only when a stage trains; ``overlap`` is the
+    exact held-out check (how many held-out inputs occur in the pool), built also when every stage was resumed.
+    ``training`` is the protocol's stage training (it sets how the probe engine makes the held-out targets)."""
+
+    def __init__(self, cfg: CertifiedConfig, teacher: TeacherWeights, cell: dict, training: StageTraining,
+                 device: str = "cpu"):
+        self.cfg, self.teacher, self.cell, self.training, self.device = cfg, teacher, cell, training, device
+        self._built: tuple | None = None
+
+    def get(self) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """(pool, held-out targets)."""
+        if self._built is None:
+            cfg, r = self.cfg, self.cell["replicate"]
+            pool = tuple(t.to(self.device) for t in make_pool(cfg, self.teacher, r))
+            probe = PoolStudents(pool, 0, [self.teacher], [StudentSpec(0, self.cell["temperature"], 1, 0)],
+                                 self.training, 1, data_seeds=[0], test_seeds=[derive_seed(cfg.seed, "test", r)],
+                                 batch=cfg.batch, eval_batches=cfg.eval_batches,
+                                 eval_batch_size=cfg.eval_batch_size, shape=cfg.shape(), device=self.device)
+            self._built = (pool, probe.test_targets, heldout_in_pool(pool[0], probe.x_test))
+        return self._built[0], self._built[1]
+
+    @property
+    def overlap(self) -> int:
+        self.get()
+        return self._built[2]
+
+
+@dataclass
+class Certificate:
+    """A depth's certificate: its best student after the continuations, every continuation's gain, and whether the
+    last one gained less than the threshold."""
+
+    best: Student
+    gains: list[float]
+    certified: bool
+
+    def row(self, **extra) -> dict:
+        """The depth's row of the ``certified`` table; ``extra`` columns follow ``pool_loss``."""
+        b = self.best.row
+        return {**{k: b[k] for k in KEYS}, "route": b["route"], "stage": b["stage"], "steps": b["steps"],
+                "test_loss": b["test_loss"], "pool_loss": b["pool_loss"], **extra, "certified": self.certified,
+                "last_continuation_gain": self.gains[-1], "continuations": len(self.gains),
+                "continuation_gains": ", ".join(f"{g:+.4f}" for g in self.gains)}
+
+
+class UnitStages:
+    """The stages of one unit in the order they are asked for — each loaded when an earlier, interrupted call finished
+    it (``load(stage, depth)``), else trained and saved (``save``: the units runner's, :mod:`depthlib.units`) — and the
+    continuations that certify a depth's best student. ``train(depth, name, start, lr_scale, steps, parent_steps,
+    start_from, depth_steps_before)`` trains one stage; a route gets ``cfg.steps``, a continuation
+    ``cfg.continuation_steps`` of the steps its student has at its depth."""
+
+    def __init__(self, cfg: CertifiedConfig, train: Callable[..., Student], load: Callable[[str, int], Student | None],
+                 save: Callable[[str, int, Student], None], progress: Callable[[str], None], label: str):
+        self.cfg, self.train, self.load, self.save, self.progress, self.label = cfg, train, load, save, progress, label
+        self.rows: list[dict] = []
+        self.curves: list[pd.DataFrame] = []
+
+    def stage(self, depth: int, name: str, start: StudentWeights | None, lr_scale: float, parent_steps: int,
+              start_from: str, extra: dict | None = None, before: Student | None = None) -> Student:
+        """One stage: a route (``before`` None) or a continuation of ``before``."""
+        done = self.load(name, depth)
+        if done is None:
+            self.progress(f"{self.label} ℓ={depth} {name}")
+            at_depth = 0 if before is None else before.row["depth_steps"]
+            steps = self.cfg.steps if before is None else self.cfg.continuation_steps(at_depth)
+            done = self.train(depth, name, start, lr_scale, steps, parent_steps, start_from, at_depth)
+            done.row.update(extra or {})
+            self.save(name, depth, done)
+        self.rows.append(done.row)
+        self.curves.append(done.curve)
+        return done
+
+    def certify(self, depth: int, best: Student) -> Certificate:
+        """Continue ``best`` — each time a fresh schedule of half its steps so far, re-warmed to its route's rate —
+        until a continuation gains less than ``gain_below`` or ``max_continuations`` are spent; the lower-loss student
+        is kept at each step."""
+        gains = []
+        for k in range(1, self.cfg.max_continuations + 1):
+            cont = self.stage(depth, f"{best.row['route']}+c{k}", best.weights, best.row["lr_scale"], best.row["steps"],
+                              best.row["stage"], before=best)
+            gains.append(cont.row["gain"])
+            if cont.row["test_loss"] < best.row["test_loss"]:
+                best = cont
+            if cont.row["gain"] < self.cfg.gain_below:
+                return Certificate(best, gains, True)
+        return Certificate(best, gains, False)
+
+
 # ---- one unit: every route of every depth, then the certificate ----------------------------------------------
 def train_unit(cfg: CertifiedConfig, cell: dict, load: Callable[[str, int], Student | None],
                save: Callable[[str, int, Student], None], progress: Callable[[str], None] = lambda _: None,
@@ -350,39 +442,14 @@ def train_unit(cfg: CertifiedConfig, cell: dict, load: Callable[[str, int], Stud
     stage as it finishes. Returns (stages: one row per stage, curves, certified: one row per depth)."""
     rho, r = cell["rho"], cell["replicate"]
     teacher = make_teacher(rho, derive_seed(cfg.seed, "teacher", r), cfg.shape())
-    cache: dict = {}
+    data = UnitData(cfg, teacher, cell, stage_training(1.0, cfg.decay_to), device)
 
-    def data():                                 # the pool and held-out targets, built once, only if a stage trains
-        if not cache:
-            cache["pool"] = tuple(t.to(device) for t in make_pool(cfg, teacher, r))
-            probe = PoolStudents(cache["pool"], 0, [teacher], [StudentSpec(0, cell["temperature"], 1, 0)],
-                                 stage_training(1.0, cfg.decay_to), 1, data_seeds=[0],
-                                 test_seeds=[derive_seed(cfg.seed, "test", r)], batch=cfg.batch,
-                                 eval_batches=cfg.eval_batches, eval_batch_size=cfg.eval_batch_size,
-                                 shape=cfg.shape(), device=device)
-            cache["targets"] = probe.test_targets
-            cache["overlap"] = heldout_in_pool(cache["pool"][0], probe.x_test)
-        return cache["pool"], cache["targets"]
+    def train(depth, name, start, lr_scale, steps, parent_steps, start_from, at_depth) -> Student:
+        return train_stage(cfg, teacher, *data.get(), cell, depth, name, start, lr_scale, steps, parent_steps,
+                           start_from, device, at_depth)
 
-    stages, curves, certified, table = [], [], {}, []
-
-    def stage(depth, name, start, lr_scale, parent_steps, start_from, extra=None, before: Student | None = None
-              ) -> Student:
-        """One stage: a route (``before`` None) or a continuation of ``before``."""
-        done = load(name, depth)
-        if done is None:
-            pool, targets = data()
-            progress(f"{TEACHER_KINDS[rho]} T={cell['temperature']:g} r{r} ℓ={depth} {name}")
-            at_depth = 0 if before is None else before.row["depth_steps"]
-            steps = cfg.steps if before is None else cfg.continuation_steps(at_depth)
-            done = train_stage(cfg, teacher, pool, targets, cell, depth, name, start, lr_scale, steps, parent_steps,
-                               start_from, device, at_depth)
-            done.row.update(extra or {})
-            save(name, depth, done)
-        stages.append(done.row)
-        curves.append(done.curve)
-        return done
-
+    stages = UnitStages(cfg, train, load, save, progress, f"{TEACHER_KINDS[rho]} T={cell['temperature']:g} r{r}")
+    certified, table = {}, []
     for depth in sorted(cfg.depths):
         trained = []
         for route in cfg.routes(rho):
@@ -403,28 +470,12 @@ def train_unit(cfg: CertifiedConfig, cell: dict, load: Callable[[str, int], Stud
                 half = certified[depth // 2]
                 start, lr, parent = split_student(half.weights), cfg.lr_warm, half.row["steps"]
                 named = f"split {half.row['stage']} ℓ={depth // 2}"
-            trained.append(stage(depth, route, start, lr, parent, named, extra))
-        best = min(trained, key=lambda s: s.row["test_loss"])
-        gains, is_certified = [], False
-        for k in range(1, cfg.max_continuations + 1):
-            cont = stage(depth, f"{best.row['route']}+c{k}", best.weights, best.row["lr_scale"], best.row["steps"],
-                         best.row["stage"], before=best)
-            gain = cont.row["gain"]
-            gains.append(gain)
-            if cont.row["test_loss"] < best.row["test_loss"]:
-                best = cont
-            if gain < cfg.gain_below:
-                is_certified = True
-                break
-        certified[depth] = best
-        table.append({**{k: best.row[k] for k in KEYS}, "route": best.row["route"], "stage": best.row["stage"],
-                      "steps": best.row["steps"], "test_loss": best.row["test_loss"],
-                      "pool_loss": best.row["pool_loss"], "certified": is_certified,
-                      "last_continuation_gain": gains[-1], "continuations": len(gains),
-                      "continuation_gains": ", ".join(f"{g:+.4f}" for g in gains)})
-    data()                                       # the exact held-out check, also when every stage was resumed
-    return (pd.DataFrame(stages), pd.concat(curves, ignore_index=True),
-            pd.DataFrame(table).assign(heldout_in_pool=cache["overlap"]))
+            trained.append(stages.stage(depth, route, start, lr, parent, named, extra))
+        cert = stages.certify(depth, min(trained, key=lambda s: s.row["test_loss"]))
+        certified[depth] = cert.best
+        table.append(cert.row())
+    return (pd.DataFrame(stages.rows), pd.concat(stages.curves, ignore_index=True),
+            pd.DataFrame(table).assign(heldout_in_pool=data.overlap))
 
 
 # ---- tables --------------------------------------------------------------------------------------------------

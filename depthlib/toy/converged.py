@@ -45,10 +45,10 @@ from depthlib.errors import InputError
 from depthlib.toy import analysis
 from depthlib.toy.engine import BatchedStudents, StudentSpec, _rms
 from depthlib.toy.models import (
+    StudentTraining,
     StudentWeights,
     TeacherWeights,
     ToyShape,
-    TrainConfig,
     derive_seed,
     make_teacher,
     variant,
@@ -63,7 +63,7 @@ LAST_FRACTION = 0.2
 
 # ---- the schedule ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ConvergedTraining(TrainConfig):
+class ConvergedTraining(StudentTraining):
     """exp-9-3's training (KL on tempered logits, the teacher's fixed head, lr 6e-4·4/√ℓ) with the protocol's lr
     scale and schedule: warm-up, constant, linear decay to ``decay_to`` between ``decay_start`` and ``decay_end``,
     then constant at the final lr (so the convergence test runs at one learning rate)."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from depthlib.errors import InputError
-from depthlib.toy.models import StudentWeights, TeacherWeights, ToyShape, TrainConfig, init_student
+from depthlib.toy.models import StudentTraining, StudentWeights, TeacherWeights, ToyShape, init_student
 from depthlib.validate import resolve_device
 
 
@@ -61,7 +61,7 @@ class BatchedStudents:
     ``test_seeds[s]`` seeds the held-out test batches of stream s (drawn once, never trained on).
     """
 
-    def __init__(self, teachers: list[TeacherWeights], specs: list[StudentSpec], train: TrainConfig,
+    def __init__(self, teachers: list[TeacherWeights], specs: list[StudentSpec], train: StudentTraining,
                  total_steps: int, *, streams: list[int] | None = None, data_seeds: list[int] | None = None,
                  test_seeds: list[int] | None = None, batch: int = 1024, eval_batches: int = 10,
                  eval_batch_size: int = 1024, shape: ToyShape = ToyShape(), device: str | None = "cpu",

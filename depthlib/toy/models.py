@@ -52,7 +52,7 @@ class ToyShape:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class StudentTraining:
     """How students are trained (paper App. C). Build one with :func:`variant`."""
 
     loss: Literal["kl", "mse"] = "kl"                   # KL on tempered logits (exp-9/9-1/9-3) or MSE on RMSNorm(h_ℓ)
@@ -82,16 +82,16 @@ class TrainConfig:
 
 
 #: The paper's variants (paper App. C). ``exp-9`` and ``exp-9-1`` differ only in the teacher's ρ.
-VARIANTS: dict[str, TrainConfig] = {
-    "exp-9": TrainConfig(loss="kl", head="trained"),
-    "exp-9-decay": TrainConfig(loss="kl", head="trained", decay_frac=0.2),  # exp-9 + final decay (CPU budget)
-    "exp-9-3": TrainConfig(loss="kl", head="fixed", lr_depth_factor=4.0, decay_frac=0.2),
-    "exp-9-2": TrainConfig(loss="mse", head="none", lr_depth_factor=2.0, decay_frac=0.2),
-    "exp-9-4": TrainConfig(loss="mse", head="none", block="rk2", lr_depth_factor=2.0, decay_frac=0.2),
+VARIANTS: dict[str, StudentTraining] = {
+    "exp-9": StudentTraining(loss="kl", head="trained"),
+    "exp-9-decay": StudentTraining(loss="kl", head="trained", decay_frac=0.2),  # exp-9 + final decay (CPU budget)
+    "exp-9-3": StudentTraining(loss="kl", head="fixed", lr_depth_factor=4.0, decay_frac=0.2),
+    "exp-9-2": StudentTraining(loss="mse", head="none", lr_depth_factor=2.0, decay_frac=0.2),
+    "exp-9-4": StudentTraining(loss="mse", head="none", block="rk2", lr_depth_factor=2.0, decay_frac=0.2),
 }
 
 
-def variant(name: str, **overrides) -> TrainConfig:
+def variant(name: str, **overrides) -> StudentTraining:
     if name not in VARIANTS:
         raise InputError(f"unknown toy variant {name!r} (have {', '.join(VARIANTS)})")
     return replace(VARIANTS[name], **overrides)
@@ -232,7 +232,7 @@ class StudentWeights:
     head: torch.Tensor | None
 
 
-def init_student(depth: int, seed: int, train: TrainConfig, shape: ToyShape = ToyShape(),
+def init_student(depth: int, seed: int, train: StudentTraining, shape: ToyShape = ToyShape(),
                  fixed_head: torch.Tensor | None = None) -> StudentWeights:
     """Default init, then W_down = 0 (the student starts as the identity map) and, for exp-9/9-1, head = 0
     (uniform initial predictions). exp-9-3 students get the teacher's fixed head (paper App. C)."""

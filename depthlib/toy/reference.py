@@ -13,9 +13,9 @@ import torch
 from depthlib.toy.engine import StudentSpec
 from depthlib.toy.models import (
     ResidualNet,
+    StudentTraining,
     TeacherWeights,
     ToyShape,
-    TrainConfig,
     init_student,
     student_loss,
     teacher_module,
@@ -34,7 +34,7 @@ class PlainStudent:
     base_lr: float
 
 
-def make_plain(teacher: TeacherWeights, spec: StudentSpec, train: TrainConfig,
+def make_plain(teacher: TeacherWeights, spec: StudentSpec, train: StudentTraining,
                shape: ToyShape = ToyShape(), device: str = "cpu") -> PlainStudent:
     head = "none" if train.head == "none" else train.head
     w = init_student(spec.depth, spec.seed, train, shape,
@@ -46,7 +46,7 @@ def make_plain(teacher: TeacherWeights, spec: StudentSpec, train: TrainConfig,
     return PlainStudent(net, t_net, opt, spec, base)
 
 
-def plain_step(s: PlainStudent, x: torch.Tensor, train: TrainConfig, step: int, total_steps: int) -> float:
+def plain_step(s: PlainStudent, x: torch.Tensor, train: StudentTraining, step: int, total_steps: int) -> float:
     """One training step of one student, teacher recomputed (as the paper does)."""
     for group in s.opt.param_groups:
         group["lr"] = s.base_lr * train.schedule(step, total_steps)
@@ -58,7 +58,7 @@ def plain_step(s: PlainStudent, x: torch.Tensor, train: TrainConfig, step: int, 
     return loss.item()
 
 
-def plain_test_loss(s: PlainStudent, x_test: torch.Tensor, train: TrainConfig) -> float:
+def plain_test_loss(s: PlainStudent, x_test: torch.Tensor, train: StudentTraining) -> float:
     """Mean loss over held-out batches ``x_test`` (n_batches, B, d)."""
     with torch.no_grad():
         vals = [student_loss(s.net, x, teacher_targets(s.teacher, x, s.spec.temperature, train.loss),
@@ -66,7 +66,7 @@ def plain_test_loss(s: PlainStudent, x_test: torch.Tensor, train: TrainConfig) -
     return sum(vals) / len(vals)
 
 
-def train_alone(teacher: TeacherWeights, spec: StudentSpec, train: TrainConfig, steps: int, batch: int,
+def train_alone(teacher: TeacherWeights, spec: StudentSpec, train: StudentTraining, steps: int, batch: int,
                 data_seed: int, shape: ToyShape = ToyShape()) -> tuple[list[float], PlainStudent]:
     """Train one student with the plain loop on the data stream seeded ``data_seed`` (the engine's stream)."""
     s = make_plain(teacher, spec, train, shape)
