@@ -95,6 +95,10 @@ def region_status(claim: "Claim", value: float, lo: float, hi: float) -> tuple[s
 
 
 PI = math.pi
+#: a loss "plateaus" when its local exponent −Δlog L/Δlog ℓ between the two deepest depths lies below this (95 %
+#: upper bound): a loss that falls by less than 7 % when the depth doubles (2^−0.1 = 0.93), a tenth of ensemble
+#: averaging's rate (chapter 7's looped toy students)
+PLATEAU_SLOPE = 0.1
 CLAIMS: tuple[Claim, ...] = (
     Claim("chinchilla_alpha", 1, "Loss falls as 1/ℓ on the Chinchilla runs: α_ℓ ≈ 1", 1.2, "1.2 ± 0.3",
           (0.0, 2.0), "α_ℓ < 2 (half-way to procedural assembly's 3)", "ch1-alpha"),
@@ -139,6 +143,13 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("looped", 7, "(Ours) Reusing depth (looped, fully tied) on that target: α_ℓ over effective depth below 2",
           None, "— (the paper's §5 proposal, untested there)", (-math.inf, 2.0),
           "α_ℓ < 2 (half-way between 1 and 3)", "ch7-alpha"),
+    Claim("looped_toy_flow", 7, "(Ours) Toy: a looped student (one block reused ℓ times) of the tied teacher, "
+          "itself one block reused, falls as a converged flow's students do: α_ℓ above 2", None,
+          "— (not in the paper)", (2.0, math.inf), "α_ℓ > 2 (half-way between 1 and 3)", "ch7-looped-toy"),
+    Claim("looped_toy_plateau", 7, "(Ours) Toy: a looped student cannot average the independent teacher's 128 "
+          "different blocks: its loss stops falling with depth", None, "— (not in the paper)",
+          (-math.inf, PLATEAU_SLOPE), f"local exponent between the two deepest depths < {PLATEAU_SLOPE:g} (the loss "
+          "falls < 7 % per doubling of depth, a tenth of the ensemble's rate)", "ch7-looped-toy"),
     Claim("looped_text", 7, "(Ours) Reusing depth (looped, fully tied) on chapter 6's text: α_ℓ over effective "
           "depth below 2", None, "— (the paper's §5 proposal, untested there)", (-math.inf, 2.0),
           "α_ℓ < 2 (half-way between 1 and 3)", "ch7-text"),
@@ -146,7 +157,7 @@ CLAIMS: tuple[Claim, ...] = (
 #: where each row's link points: the MyST label of the section that shows the number (in the chapter notebooks)
 SECTIONS = {"ch1-alpha": 1, "ch1-optimum": 1, "ch2-trajectories": 2, "ch2-angles": 2, "ch2-updates": 2,
             "ch3-certified": 3, "ch3-signatures": 3, "ch4-groups": 4, "ch5-order": 5, "ch6-alpha": 6,
-            "ch6-angles": 6, "ch7-alpha": 7, "ch7-text": 7}
+            "ch6-angles": 6, "ch7-alpha": 7, "ch7-looped-toy": 7, "ch7-text": 7}
 
 
 def t_interval(value: float, se: float, dof: int) -> tuple[float, float]:

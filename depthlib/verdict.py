@@ -337,6 +337,13 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                             run.profile, f"95 % t interval over {r.n_seeds} replicates; members not certified",
                             converged=False)
             out["hierarchical" if r.family == "untied" else "looped"].append(m)
+    looped_toy = parts.get("toy_certified")
+    if looped_toy is not None:          # looped students of chapter 3's teachers, certified
+        from depthlib.compose import looped_views
+        for claim, ms in looped_views.measurements(looped_toy).items():
+            out[claim] = [Measurement(f"looped students of the {m['teacher']} teacher, ℓ = {m['depths']} (T = 1)",
+                                      m["value"], m["lo"], m["hi"], looped_toy.profile, m["note"],
+                                      converged=m["certified"]) for m in ms]
     certified_text = parts.get("text_certified")
     if certified_text is not None:      # the families at chapter 6's certified budget
         from depthlib.compose import text_certified_views
@@ -362,6 +369,10 @@ NOTES = {
                     "Bayes loss and the paper's form with a free floor; the unseen control: the certified quantity of "
                     "each task)",
     "looped": "one row for the looped and the fully tied family (the weakest status wins)",
+    "looped_toy_flow": "with the next row, a calibration of reuse on a known target: chapter 3's tied teacher is one "
+                       "block reused, and a looped student starting from that block follows it",
+    "looped_toy_plateau": "one block reused cannot stand in for 128 different ones: where the untied students of "
+                          "the same teacher keep gaining with depth, the looped students' loss stops falling",
     "looped_text": "one seed (the interval is over held-out documents); where the loss does not fall "
                    "with effective depth, or one depth moves the fit to a bound, no exponent is given: the run "
                    "cannot decide",

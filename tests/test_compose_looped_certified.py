@@ -181,6 +181,37 @@ def test_the_plateau_is_read_from_the_deepest_slope_and_the_certificate(run):
     assert p.loc["independent", "status"] == "not certified" and p.loc["independent", "position"] == "plateau"
 
 
+
+def test_the_verdict_rows_read_the_plateau_and_the_tied_envelope(run):
+    """The two verdict rows of this part: the independent teacher's deepest local exponent against the plateau
+    region (holds when flat, contradicted when falling as 1/ℓ, undecided when a student is not certified) and the
+    tied teacher's envelope α_ℓ, as the run's summary gives it."""
+    from depthlib import verdict
+    from depthlib.compose import looped_views as lv
+
+    def row(tables, claim):
+        (m,) = lv.measurements(tables)[claim]
+        c = next(c for c in verdict.CLAIMS if c.key == claim)
+        return m, verdict.Row(c, [verdict.Measurement("m", m["value"], m["lo"], m["hi"],
+                                                      converged=m["certified"])]).status
+
+    const = dict(certified_flags=lambda c: True)
+    flat = _tables(run, **const, loss=lambda c: np.where(c["teacher"] == "independent", 0.01 * (1 + c["replicate"]),
+                                                         c["test_loss"]))
+    m, status = row(flat, "looped_toy_plateau")
+    assert m["value"] == pytest.approx(0.0, abs=1e-12) and m["certified"] and status == "holds"
+    falling = _tables(run, **const, loss=lambda c: np.where(c["teacher"] == "independent", 0.01 / c["depth"],
+                                                            c["test_loss"]))
+    m, status = row(falling, "looped_toy_plateau")
+    assert m["value"] == pytest.approx(1.0, rel=1e-9) and status == "contradicted"
+    open_ = _tables(run, certified_flags=lambda c: c["depth"] != max(CFG.protocol.depths),
+                    loss=lambda c: np.where(c["teacher"] == "independent", 0.01 * (1 + c["replicate"]),
+                                            c["test_loss"]))
+    assert row(open_, "looped_toy_plateau")[1] == "undecided"
+    m, _ = row(flat, "looped_toy_flow")
+    env = flat["alpha_summary"].query("teacher == 'tied' and fit == 'envelope'").iloc[0]
+    assert (m["value"], m["lo"], m["hi"]) == (env["alpha"], env["lo"], env["hi"]) and m["certified"]
+
 def test_the_exponents_are_chapter_3s_fits_of_the_run(run):
     from depthlib.compose import looped_views as lv
     untied = _untied(run, lambda c: 1.0)
@@ -239,8 +270,8 @@ def test_the_reader_tables_match_the_run(run):
     assert len(ct) == cert.groupby(["teacher", "depth"]).ngroups
     for (teacher, _, depth), r in ct.iterrows():
         g = cert[(cert["teacher"] == teacher) & (cert["depth"] == depth)]
-        assert r["looped certified"] == f"{int(g['certified'].sum())} of {len(g)}"
-        assert r["untied certified"] == f"{0 if depth == min(CFG.protocol.depths) else len(g)} of {len(g)}"
+        assert r[("looped", "certified")] == f"{int(g['certified'].sum())} of {len(g)}"
+        assert r[("untied (chapter 3)", "certified")] == f"{0 if depth == min(CFG.protocol.depths) else len(g)} of {len(g)}"
     settings = lv.settings_table(run, untied)["value"]
     assert settings["looped students certified"] == f"{int(cert['certified'].sum())} of {len(cert)}"
     assert settings["trained parameters per looped student"] == f"{int(cert['parameters'].iloc[0]):,} at every depth"

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from depthlib.claims import PLATEAU_SLOPE  # the interval below it: "plateau"; wholly above: "still falling"
 from depthlib.compose.analysis import mean_interval
 from depthlib.errors import InputError
 from depthlib.sources import config as _config
@@ -49,17 +50,13 @@ from depthlib.toy import certified
 
 __all__ = ["CHAIN", "CHAIN_ROUTES", "ENSEMBLE_LONG_LAG", "ENSEMBLE_UPDATE_ANGLE", "PLATEAU_SLOPE", "answer",
            "certification_table", "conclusion_text", "difference_display", "difference_table", "exponent_display",
-           "exponent_table", "limits_text", "loss_display", "loss_lines", "loss_table", "plateau_table",
-           "settings_table", "signatures_table", "signatures_text", "slopes_display", "slopes_table"]
+           "exponent_table", "limits_text", "loss_display", "loss_lines", "loss_table", "measurements", "plateau_display",
+           "plateau_table", "settings_table", "signatures_table", "signatures_text", "slopes_display", "slopes_table"]
 
 #: the looped routes that train without the teacher's block: scratch at the smallest depth, halved above it
 CHAIN_ROUTES = ("scratch", "halved")
 #: the name of the fit (and figure line) of that chain alone
 CHAIN = "looped, scratch → halved"
-#: a loss "plateaus" when its local exponent −Δlog L/Δlog ℓ between the two deepest depths lies below this (95 %
-#: upper bound): a loss that falls by less than 7 % when the depth doubles (2^−0.1 = 0.93), a tenth of ensemble
-#: averaging's rate; "still falling" when the whole interval lies above it
-PLATEAU_SLOPE = 0.1
 #: chapter 3's rule for an ensemble's signatures (:func:`depthlib.toy.analysis.describe_regimes`)
 ENSEMBLE_UPDATE_ANGLE, ENSEMBLE_LONG_LAG = 1.2, 0.1
 _KEYS = ["teacher", "temperature", "replicate"]
@@ -451,30 +448,35 @@ def difference_display(run, untied) -> pd.DataFrame:
 
 
 def certification_table(run, untied=None) -> pd.DataFrame:
-    """Per (teacher, T, depth): the looped envelope's route(s), how many of its students are certified, the
+    """Per (teacher, T, depth): the looped envelope's route(s), how many of its students are certified, the rounds of
     continuations run and every replicate's last continuation gain (%, held-out loss it removed); beside it the same
-    for chapter 3's untied students of that depth (given ``untied``)."""
+    for chapter 3's untied students of that depth (given ``untied``). Columns are two-level (students, what), so the
+    table fits the book's column."""
     looped = _looped(run)
     u = _untied(run, untied) if untied is not None else None
     rows = []
     for (teacher, temp, depth), g in looped.groupby(["teacher", "temperature", "depth"], sort=False):
         g = g.sort_values("replicate")
-        row = {"teacher": teacher, "T": temp, "depth ℓ": int(depth),
-               "looped route": ", ".join(dict.fromkeys(g["route"])),
-               "looped certified": f"{int(g['certified'].sum())} of {len(g)}",
-               "looped continuations": f"{int(g['continuations'].min())}–{int(g['continuations'].max())}",
-               "looped last gain per replicate": _gains(g["last_continuation_gain"])}
+        row = {("", "teacher"): teacher, ("", "T"): temp, ("", "depth ℓ"): int(depth),
+               ("looped", "route"): ", ".join(dict.fromkeys(g["route"])),
+               ("looped", "certified"): f"{int(g['certified'].sum())} of {len(g)}",
+               ("looped", "rounds"): f"{int(g['continuations'].min())}–{int(g['continuations'].max())}",
+               ("looped", "last gains"): _gains(g["last_continuation_gain"])}
         if u is not None:
             h = _in(u, teacher, temp)
             h = h[h["depth"] == depth].sort_values("replicate")
-            row.update({"untied route": ", ".join(dict.fromkeys(h["route"])) or "—",
-                        "untied certified": f"{int(h['certified'].sum())} of {len(h)}",
-                        "untied last gain per replicate": _gains(h["last_continuation_gain"])})
+            row.update({("untied (chapter 3)", "route"): ", ".join(dict.fromkeys(h["route"])) or "—",
+                        ("untied (chapter 3)", "certified"): f"{int(h['certified'].sum())} of {len(h)}",
+                        ("untied (chapter 3)", "last gains"): _gains(h["last_continuation_gain"])})
         rows.append(row)
     order = {t: i for i, t in enumerate(_TEACHERS)}
     out = pd.DataFrame(rows)
-    out = out.assign(o=out["teacher"].map(order)).sort_values(["o", "T", "depth ℓ"]).drop(columns="o")
-    return out.set_index(["teacher", "T", "depth ℓ"])
+    out.columns = pd.MultiIndex.from_tuples(out.columns)
+    out = out.sort_values([("", "teacher"), ("", "T"), ("", "depth ℓ")],
+                          key=lambda c: c.map(order) if c.name == ("", "teacher") else c)
+    out = out.set_index([("", "teacher"), ("", "T"), ("", "depth ℓ")])
+    out.index.names = ["teacher", "T", "depth ℓ"]
+    return out
 
 
 def slopes_table(run, untied) -> pd.DataFrame:
@@ -541,6 +543,48 @@ def plateau_table(run) -> pd.DataFrame:
                      "position": position, "status": _status(position, all_certified)})
     return pd.DataFrame(rows)
 
+
+
+def plateau_display(run) -> pd.DataFrame:
+    """:func:`plateau_table` for a reader: the local exponent between the two deepest depths, the students behind it
+    certified, and the reading."""
+    t = plateau_table(run)
+    return pd.DataFrame({
+        "teacher": t["teacher"], "T": t["temperature"], "from ℓ": t["depth_from"], "to ℓ": t["depth_to"],
+        "local exponent [95 % t]": [_iv(r.slope, r.lo, r.hi) for r in t.itertuples()],
+        "students certified": [f"{r.n_certified} of {r.n_students}" for r in t.itertuples()],
+        f"against {PLATEAU_SLOPE:g}": t["position"], "reading": t["status"]}).set_index(["teacher", "T"])
+
+
+def measurements(run) -> dict[str, list[dict]]:
+    """What the book's verdict reads from this part at T = 1 (claim → one dict per teacher): the tied teacher's
+    looped envelope α_ℓ (``looped_toy_flow``) and the independent teacher's local exponent between the two deepest
+    depths (``looped_toy_plateau``, :func:`plateau_table`), each with its 95 % t interval over replicates and whether
+    every student behind it is certified."""
+    summary, looped, out = _table(run, "alpha_summary"), _looped(run), {}
+    for teacher, temp in _cells(run):
+        if temp != 1.0:
+            continue
+        own = _in(looped, teacher, temp)
+        n_c = int(own["certified"].astype(bool).sum())
+        if teacher == "tied":
+            env = _in(summary, teacher, temp).query("fit == 'envelope'").iloc[0]
+            out.setdefault("looped_toy_flow", []).append({
+                "teacher": teacher, "depths": _depths(own["depth"]), "value": float(env["alpha"]),
+                "lo": float(env["lo"]), "hi": float(env["hi"]), "certified": n_c == len(own),
+                "note": f"α_ℓ of the envelope, 95 % t interval over {int(env['replicates'])} replicates; "
+                        f"{n_c} of {len(own)} students certified"})
+        elif teacher == "independent":
+            p = _row(plateau_table(run), teacher=teacher, temperature=temp)
+            if p is None:
+                continue
+            out.setdefault("looped_toy_plateau", []).append({
+                "teacher": teacher, "depths": f"{int(p['depth_from'])} → {int(p['depth_to'])}",
+                "value": float(p["slope"]), "lo": float(p["lo"]), "hi": float(p["hi"]),
+                "certified": bool(p["all_certified"]),
+                "note": f"local exponent −Δlog L/Δlog ℓ, 95 % t interval over replicates; {int(p['n_certified'])} of "
+                        f"{int(p['n_students'])} students at those depths certified"})
+    return out
 
 # ---- hidden-state signatures ------------------------------------------------------------------------------------------
 def signatures_table(run) -> pd.DataFrame:

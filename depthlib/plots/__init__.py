@@ -318,6 +318,10 @@ def colour_key(fig: go.Figure, colours: dict[str, str], *, symbol: str = "circle
     return fig
 
 
+#: the two mechanisms' depth exponents, for :func:`guides` on any axis of α_ℓ
+MECHANISM_GUIDES = ((1.0, "α<sub>ℓ</sub> = 1: ensemble averaging"), (3.0, "α<sub>ℓ</sub> = 3: smooth flow (paper §4)"))
+
+
 def guides(fig: go.Figure, lines: Sequence[tuple[float, str]], *, axis: str = "x",
            dashes: Sequence[str] = ("dot",)) -> go.Figure:
     """Reference values (α_ℓ = 1 and 3, π/2 …) as grey dotted lines across the plot (vertical at x values with

@@ -185,7 +185,7 @@ def _with_mechanism_guides(fig: go.Figure) -> go.Figure:
     """Grey lines at α_ℓ = 1 (ensemble averaging) and 3 (a smooth flow) on a forest plot of exponents, named in the
     legend (:func:`depthlib.plots.guides`: labels at the lines print over each other at this width), the legend under
     the plot so that the rows' labels and the axis share the width."""
-    plots.guides(fig, [(1, "α<sub>ℓ</sub> = 1: ensemble averaging"), (3, "α<sub>ℓ</sub> = 3: smooth flow (paper §4)")])
+    plots.guides(fig, plots.MECHANISM_GUIDES)
     fig.update_yaxes(type="category", automargin=True)
     rows = len(fig.data[0].y) if fig.data and fig.data[0].y is not None else 1
     entries = sum(t.showlegend is True for t in fig.data) + 2

@@ -225,7 +225,8 @@ def converged_alpha_trajectory(traj: pd.DataFrame, stop: dict, final: dict | Non
                       annotation_position="bottom right")
     top = np.nanmax(np.r_[ok["alpha"].to_numpy(float), 3.2]) if len(ok) else 3.2
     fig.update_yaxes(range=[0, min(8.2, max(3.5, 1.25 * top))])
-    return fig
+    return plots.fixed_range(fig, "yaxis", "from 0 past 3, so that the exponent is read against ensemble "
+                             "averaging's 1, the claim's edge 2 and procedural assembly's 3")
 
 
 def converged_repetition(curves: pd.DataFrame) -> go.Figure:

@@ -425,9 +425,7 @@ def alpha_by_fit(summary: pd.DataFrame, fragility: pd.DataFrame):
             fig.add_trace(go.Scatter(x=[f["alpha"].min(), f["alpha"].max()], y=["envelope drop-one range"] * 2,
                                      mode="lines+markers", line=dict(color=plots.color(k), width=6),
                                      name=f"{teacher}, T = {T:g}: without one depth", showlegend=False))
-    for x, label in ((1.0, "ensemble ≈ 1"), (3.0, "procedural ≈ 3")):
-        fig.add_vline(x=x, line=dict(color="#999", dash="dot"), annotation_text=label)
-    return fig
+    return plots.guides(fig, plots.MECHANISM_GUIDES, dashes=("dot", "dash"))
 
 
 def alpha_by_round(rounds: pd.DataFrame):
@@ -445,7 +443,5 @@ def alpha_by_round(rounds: pd.DataFrame):
                                  line=dict(color=plots.color(k)),
                                  error_y=dict(type="data", symmetric=False, array=g["hi"] - g["alpha"],
                                               arrayminus=g["alpha"] - g["lo"])))
-    for y, label in ((1.0, "ensemble ≈ 1"), (3.0, "procedural ≈ 3")):
-        fig.add_hline(y=y, line=dict(color="#999", dash="dot"), annotation_text=label)
     fig.update_xaxes(dtick=1)
-    return fig
+    return plots.guides(fig, plots.MECHANISM_GUIDES, axis="y", dashes=("dot", "dash"))

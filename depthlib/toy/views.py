@@ -284,15 +284,19 @@ def _interval(v: float, lo: float, hi: float, digits: int = 2) -> str:
 
 
 def certificate_table(run: results.Run) -> pd.DataFrame:
-    """Each student's certificate, one row per (teacher, T, replicate) and a column per depth: the stage fitted (its
-    route and continuations, ``+cK``) and "certified" or the last continuation's gain (% of the held-out loss)."""
+    """Each student's certificate, one row per (teacher, T, depth) and a column per replicate (so the table fits the
+    book's column): the stage fitted (its route and continuations, ``+cK``) and "certified" or the last
+    continuation's gain (% of the held-out loss)."""
     cert = run.table("certified")
     cell = cert.apply(lambda r: f"{r['stage']}: " + ("certified" if r["certified"] else
                                                      f"+{100 * r['last_continuation_gain']:.1f} %"), axis=1)
-    return (cert.assign(certificate=cell)
-            .pivot_table(index=["teacher", "temperature", "replicate"], columns="depth", values="certificate",
-                         aggfunc="first")
-            .rename_axis(index=["teacher", "T", "replicate"], columns="depth ℓ"))
+    out = (cert.assign(certificate=cell, replicate=[f"replicate {int(k)}" for k in cert["replicate"]])
+           .pivot_table(index=["teacher", "temperature", "depth"], columns="replicate", values="certificate",
+                        aggfunc="first")
+           .rename_axis(index=["teacher", "T", "depth ℓ"], columns=None))
+    order = {"tied": 0, "independent": 1}
+    return out.sort_index(level=["teacher", "T", "depth ℓ"], ascending=[True, False, True],
+                          key=lambda i: i.map(order) if i.name == "teacher" else i)
 
 
 def exponent_table(run: results.Run) -> pd.DataFrame:
