@@ -559,13 +559,14 @@ PLACEHOLDER_BOX = ("```{warning}\n**Placeholder numbers.** This page was built f
 
 
 def book_page(profile: str = "cpu", *, rerun: bool = False) -> str:
-    """The verdict as the book's intro includes it: the table, how a status is decided, and how reduced the runs
-    are. Regenerated at every build, so a recomputed run changes it."""
+    """The verdict as the book's intro includes it: the count of each status, the table, how a status is decided, and
+    how reduced the runs are. Regenerated at every build, so a recomputed run changes it."""
     rows = verdict(profile, rerun=rerun)
     counts = pd.Series([r.status for r in rows]).value_counts()
     tally = ", ".join(f"{counts[s]} {s}" for s in STATUSES if s in counts)
     lines = [PLACEHOLDER_BOX, ""] if profile == "smoke" else []
-    lines += ["```{container} verdict", markdown(rows), "```", "", f"*{len(rows)} claims: {tally}.* {RULE_TEXT}", "",
+    lines += [f"**{len(rows)} claims: {tally}.**", "", "```{container} verdict", markdown(rows), "```", "", RULE_TEXT,
+              "",
              f"**How reduced these runs are** (profile `{profile}`; every number above can change at the paper's "
              "scale):", ""]
     lines += [f"- {line}" for line in reductions(profile)]

@@ -208,8 +208,9 @@ def _status(position: str, all_certified: bool) -> str:
 
 
 def _gains(g: pd.Series) -> str:
+    """Every replicate's last continuation gain in % (the column says so), with a true minus sign."""
     g = g.dropna().astype(float)
-    return "—" if g.empty else ", ".join(f"{100 * x:+.2f}" for x in g) + " %"
+    return "—" if g.empty else ", ".join(f"{100 * x:+.1f}".replace("-", "−") for x in g)
 
 
 # ---- tables -----------------------------------------------------------------------------------------------------
@@ -460,14 +461,15 @@ def certification_table(run, untied=None) -> pd.DataFrame:
         row = {("", "teacher"): teacher, ("", "T"): temp, ("", "depth ℓ"): int(depth),
                ("looped", "route"): ", ".join(dict.fromkeys(g["route"])),
                ("looped", "certified"): f"{int(g['certified'].sum())} of {len(g)}",
-               ("looped", "rounds"): f"{int(g['continuations'].min())}–{int(g['continuations'].max())}",
-               ("looped", "last gains"): _gains(g["last_continuation_gain"])}
+               ("looped", "rounds"): "–".join(dict.fromkeys(str(int(k)) for k in
+                                                          (g["continuations"].min(), g["continuations"].max()))),
+               ("looped", "last gains (%)"): _gains(g["last_continuation_gain"])}
         if u is not None:
             h = _in(u, teacher, temp)
             h = h[h["depth"] == depth].sort_values("replicate")
             row.update({("untied (chapter 3)", "route"): ", ".join(dict.fromkeys(h["route"])) or "—",
                         ("untied (chapter 3)", "certified"): f"{int(h['certified'].sum())} of {len(h)}",
-                        ("untied (chapter 3)", "last gains"): _gains(h["last_continuation_gain"])})
+                        ("untied (chapter 3)", "last gains (%)"): _gains(h["last_continuation_gain"])})
         rows.append(row)
     order = {t: i for i, t in enumerate(_TEACHERS)}
     out = pd.DataFrame(rows)
