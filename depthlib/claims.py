@@ -146,8 +146,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("looped_toy_flow", 7, "(Ours) Toy: a looped student (one block reused ℓ times) of the tied teacher, "
           "itself one block reused, falls as a converged flow's students do: α_ℓ above 2", None,
           "— (not in the paper)", (2.0, math.inf), "α_ℓ > 2 (half-way between 1 and 3)", "ch7-looped-toy"),
-    Claim("looped_toy_plateau", 7, "(Ours) Toy: a looped student cannot average the independent teacher's 128 "
-          "different blocks: its loss stops falling with depth", None, "— (not in the paper)",
+    Claim("looped_toy_plateau", 7, "(Ours) Toy: a looped student of the independent teacher (128 different "
+          "blocks) stops gaining with depth: its loss plateaus", None, "— (not in the paper)",
           (-math.inf, PLATEAU_SLOPE), f"local exponent between the two deepest depths < {PLATEAU_SLOPE:g} (the loss "
           "falls < 7 % per doubling of depth, a tenth of the ensemble's rate)", "ch7-looped-toy"),
     Claim("looped_text", 7, "(Ours) Reusing depth (looped, fully tied) on chapter 6's text: α_ℓ over effective "

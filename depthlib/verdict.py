@@ -371,8 +371,8 @@ NOTES = {
     "looped": "one row for the looped and the fully tied family (the weakest status wins)",
     "looped_toy_flow": "with the next row, a calibration of reuse on a known target: chapter 3's tied teacher is one "
                        "block reused, and a looped student starting from that block follows it",
-    "looped_toy_plateau": "one block reused cannot stand in for 128 different ones: where the untied students of "
-                          "the same teacher keep gaining with depth, the looped students' loss stops falling",
+    "looped_toy_plateau": "where the untied students of the same teacher keep gaining with depth, the looped "
+                          "students' loss stops falling: one block reused does not stand in for 128 different ones",
     "looped_text": "one seed (the interval is over held-out documents); where the loss does not fall "
                    "with effective depth, or one depth moves the fit to a bound, no exponent is given: the run "
                    "cannot decide",
