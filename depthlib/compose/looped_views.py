@@ -546,7 +546,6 @@ def plateau_table(run) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
 def plateau_display(run) -> pd.DataFrame:
     """:func:`plateau_table` for a reader: the local exponent between the two deepest depths, the students behind it
     certified, and the reading."""
@@ -567,9 +566,9 @@ def measurements(run) -> dict[str, list[dict]]:
     for teacher, temp in _cells(run):
         if temp != 1.0:
             continue
-        own = _in(looped, teacher, temp)
-        n_c = int(own["certified"].astype(bool).sum())
         if teacher == "tied":
+            own = _in(looped, teacher, temp)
+            n_c = int(own["certified"].astype(bool).sum())
             env = _in(summary, teacher, temp).query("fit == 'envelope'").iloc[0]
             out.setdefault("looped_toy_flow", []).append({
                 "teacher": teacher, "depths": _depths(own["depth"]), "value": float(env["alpha"]),
@@ -587,6 +586,7 @@ def measurements(run) -> dict[str, list[dict]]:
                 "note": f"local exponent −Δlog L/Δlog ℓ, 95 % t interval over replicates; {int(p['n_certified'])} of "
                         f"{int(p['n_students'])} students at those depths certified"})
     return out
+
 
 # ---- hidden-state signatures ------------------------------------------------------------------------------------------
 def signatures_table(run) -> pd.DataFrame:
