@@ -190,14 +190,28 @@ def device_description(device: str | None = None) -> str:
     return f"cpu ({os.cpu_count()} cores, {platform.machine()})"
 
 
+def _module_files(module: str) -> list[str]:
+    """Where ``module``'s source may lie in the repository: its file in this checkout, else (a module the checkout
+    has since deleted, e.g. a retired part's) the two places a module of that name can live, ``a/b.py`` and
+    ``a/b/__init__.py``."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:                       # its package is gone too
+        spec = None
+    if spec is not None and spec.origin:
+        return [Path(spec.origin).resolve().relative_to(paths.REPO_ROOT.resolve()).as_posix()]
+    base = module.replace(".", "/")
+    return [f"{base}.py", f"{base}/__init__.py"]
+
+
 def code_at(commit: str, module: str) -> str | None:
     """:func:`_module_digest` of ``module``'s source at git ``commit`` (None if it did not exist there)."""
-    spec = importlib.util.find_spec(module)
-    rel = Path(spec.origin).resolve().relative_to(paths.REPO_ROOT.resolve()).as_posix()
-    shown = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=paths.REPO_ROOT, capture_output=True, text=True)
-    if shown.returncode != 0:
-        return None
-    return hashlib.sha256(ast.dump(_strip_docstrings(ast.parse(shown.stdout))).encode()).hexdigest()
+    for rel in _module_files(module):
+        shown = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=paths.REPO_ROOT, capture_output=True,
+                               text=True)
+        if shown.returncode == 0:
+            return hashlib.sha256(ast.dump(_strip_docstrings(ast.parse(shown.stdout))).encode()).hexdigest()
+    return None
 
 
 def code_commit(m: dict) -> str | None:

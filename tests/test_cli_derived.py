@@ -122,7 +122,7 @@ def _usage_error(argv, capsys) -> str:
 
 def test_an_unknown_part_is_one_line_listing_the_parts(capsys):
     line = _usage_error(["compose", "--part", "grammar"], capsys)
-    assert "--part" in line and all(f"'{p}'" in line for p in ("rhm", "toy", "hierarchy", "text_certified"))
+    assert "--part" in line and all(f"'{p}'" in line for p in ("rhm", "hierarchy", "text_certified", "toy_certified"))
     line = _usage_error(["scaling", "--part", "fits"], capsys)        # a chapter without PARTS has one part
     assert "unrecognized arguments: --part" in line
 
@@ -142,7 +142,7 @@ def test_an_unknown_part_is_one_line_listing_the_parts(capsys):
     (["toy", "--set", "sweep.cells=[[0.0]]"], "sweep.cells takes a list like [[0.0, 0.1], [0.0, 1.0]"),
     (["toy", "--set", "sweep.depths=4,4"], "depths has duplicates: 4"),                  # the dataclass's validate()
     (["lm", "--set", "nothing"], "--set takes FIELD=VALUE, got 'nothing'"),
-    (["compose", "--part", "toy", "--set", "hierarchy.depths=1,2"], "hierarchy.depths is not in --part toy's settings"),
+    (["compose", "--part", "rhm", "--set", "hierarchy.depths=1,2"], "hierarchy.depths is not in --part rhm's settings"),
     (["compose", "--depths", "2,x"], "--depths: run.depths takes comma-separated integers, got '2,x'"),
 ])
 def test_bad_settings_are_one_line_naming_the_field(argv, message, capsys):

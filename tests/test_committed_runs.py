@@ -36,7 +36,7 @@ ROOT = paths.committed_results_dir()
 #:   the bound of the depth series; not yet measured across CPUs.
 #: - chapter 7 (fp32 transformers of width 32 on 8-symbol sequences, 100 Adam steps replayed): 1e-4, the same bound
 #:   (32 terms × 1.19e-7 = 3.8e-6 per dot product, amplified by the steps replayed); not yet measured across CPUs.
-#: - chapter 7's looped toy students (compose-toy): 1e-4. Its longest float32 sums are the MLP's 128-term dot
+#: - chapter 7's looped toy students (compose-toy-certified): 1e-4. Its longest float32 sums are the MLP's 128-term dot
 #:   products (128 × 1.19e-7 = 1.5e-5) and the ℓ = 6 per-layer gradients summed into the shared block (6 terms,
 #:   7e-7); the first 5 % of steps replayed (Adam on one block, sign-like first steps) keep the held-out loss within
 #:   a few such units; not yet measured across CPUs.

@@ -274,7 +274,7 @@ def test_fits_need_parameters_plus_two_points_and_recover_an_exponent():
 @pytest.mark.parametrize("args, message", [(["--families", "recurrent"], "--families"),
                                            (["--depths", "2,x"], "--depths"), (["--depths", "0"], "depth"),
                                            (["--families", "looped", "--depths", "1,2"], "looped"),
-                                           (["--part", "toy", "--depths", "2,4"], "--part toy"),
+                                           (["--part", "toy_certified", "--depths", "2,4"], "at least 3 distinct depths"),
                                            (["--part", "text_certified", "--seeds", "5"], "--seeds")])
 def test_cli_bad_input_is_one_line_exit_2(capsys, args, message):
     from depthlib.cli import main

@@ -235,7 +235,6 @@ def test_the_exponents_are_chapter_3s_fits_of_the_run(run):
 
 
 def test_generated_text_states_the_tables_numbers(run):
-    from depthlib.compose import analysis
     from depthlib.compose import looped_views as lv
     untied = _untied(run, lambda c: c["depth"] ** 0.25 * c["replicate"].map({0: 1.1, 1: 0.9}))
     e = lv.exponent_table(run, untied).set_index(["teacher", "fit"])
@@ -254,7 +253,7 @@ def test_generated_text_states_the_tables_numbers(run):
     for r in lt[lt["depth"].isin([min(CFG.protocol.depths), max(CFG.protocol.depths)])].itertuples():
         assert f"{r.ratio:.2f} [{r.ratio_lo:.2f}, {r.ratio_hi:.2f}] at ℓ = {r.depth}" in conclusion
     assert f"{int(cert['parameters'].iloc[0]):,} trained parameters" in conclusion
-    sig = analysis.toy_signatures(run).set_index(["net", "teacher", "depth"])
+    sig = lv.signature_means(run).set_index(["net", "teacher", "depth"])
     deep = max(CFG.protocol.depths)
     theta = sig.loc[("looped student", "tied", deep)]
     assert f"{theta['theta_update']:.2f} [{theta['theta_update_lo']:.2f}, " in lv.signatures_text(run)

@@ -43,7 +43,6 @@ def compose_runs(committed):
     from depthlib.compose import chapter
     from depthlib.toy import chapter as toy_chapter
     runs = committed(chapter.runs, "cpu")
-    runs["toy"] = committed(chapter.runs, "cpu", parts=("toy",))["toy"]      # the retired part, until it is deleted
     runs["untied"] = committed(toy_chapter.runs, "cpu", parts=("converged",))["converged"]
     assert all(r.committed for r in runs.values())
     return runs
@@ -221,62 +220,15 @@ def test_compose_diagnostics_text_has_one_item_per_family(compose_runs):
     assert ["swapping two neighbours" in ln for ln in items] == [True, False, False]
 
 
-# ---- chapter 7: the toy ---------------------------------------------------------------------------------------------
-def test_toy_tables(compose_runs):
-    from depthlib.compose import views
-    toy = compose_runs["toy"]
-    looped = toy.table("looped")
-    assert views.toy_settings_table(toy).loc["students trained", "value"] == len(looped)
-    students = views.looped_students_table(toy)
-    assert len(students) == len(looped) and students["held-out loss"].str.fullmatch(r"\d\.\d{3}e[-+]\d+").all()
-    iv = views.toy_slope_intervals(toy)
-    ok = iv.dropna()
-    assert len(ok) and (ok["lo"] <= ok["slope"]).all() and (ok["slope"] <= ok["hi"]).all()
-    assert list(views.toy_slopes_table(toy).columns) == ["slope", "95 % low", "95 % high", "replicates"]
-    assert f"{int(looped.converged.sum())} of {len(looped)} looped students" in views.toy_convergence_text(toy)
-
-
-def test_toy_signatures_and_the_ensemble_rule(compose_runs):
-    from depthlib.compose import analysis, views
-    toy = compose_runs["toy"]
-    table = views.toy_signatures_table(toy)
-    assert len(table) == len(analysis.toy_signatures(toy)) and table.iloc[:, 0].str.contains(r"\[").any()
-    t = pd.DataFrame({"v": [1.0, 2.0], "v_lo": [0.5, np.nan], "v_hi": [1.5, np.nan]})
-    assert views._interval_strings(t, "v") == ["1 [0.5, 1.5]", "2"]
-    ts = pd.DataFrame([{"net": "looped student", "teacher": t, "depth": 6, "theta_update": u, "long_lag_cos": c}
-                       for t, u, c in (("tied", 0.5, 0.9), ("independent", 1.5, 0.0))])
-    ts = ts.set_index(["net", "teacher", "depth"]).sort_index()
-    assert views._not_ensemble(ts, "tied") and not views._not_ensemble(ts, "independent")
-    text = views.toy_signatures_text(toy)
-    assert "calls every looped student a non-ensemble on both teachers" in text or "some looped students" in text
-
-
-def test_toy_conclusion_reads_intervals_against_each_other(compose_runs):
-    from depthlib.compose import analysis, views
-    toy, untied = compose_runs["toy"], compose_runs["untied"]
-    ta = analysis.toy_alphas(toy, untied).set_index(["kind", "teacher"])
-    text = views.toy_conclusion_text(toy, untied)
-    assert f"**α_ℓ = {views._toy_alpha(ta, 'looped', 'tied')} on the tied teacher**" in text
-    assert f"{views._against(ta, 'looped', 'tied')} the untied" in text
-    r = lambda lo, hi: SimpleNamespace(lo=lo, hi=hi)                                       # noqa: E731
-    assert [views._versus_three(r(1, 2)), views._versus_three(r(3.5, 4)), views._versus_three(r(2, 4))] == [
-        "below a smooth flow's 3", "above 3", "consistent with a smooth flow's 3"]
-    assert [views._versus_one_toy(r(0.1, 0.5)), views._versus_one_toy(r(0.5, 1.5))] == ["below 1", "consistent with 1"]
-    assert views._versus_one(r(1.1, 1.4)) == "faster than ensemble averaging's 1"
-    two = pd.DataFrame([{"kind": k, "teacher": "t", "alpha": a, "lo": a - 0.1, "hi": a + 0.1}
-                        for k, a in (("looped", 1.0), ("untied", 2.0))]).set_index(["kind", "teacher"])
-    assert views._against(two, "looped", "t") == "below" and views._against(two, "untied", "t", "looped") == "above"
-
-
 # ---- chapter 7: limits and conclusion -------------------------------------------------------------------------------
 def test_compose_limits_and_conclusion(compose_runs):
     from depthlib.compose import analysis, chapter, views
     run = compose_runs["rhm"]
-    limits = views.limits_text(run, compose_runs["toy"], compose_runs["untied"], compose_runs["text_certified"])
+    limits = views.limits_text(run, compose_runs["text_certified"])
     certified = chapter.describe_text_certified(compose_runs["text_certified"])
     assert "\n* **On text**, at chapter 6's certified budget (one seed, " in limits
     assert f"{certified['tokens_per_member'] / 1e6:.2f} M tokens a member" in limits
-    assert "**On text**" not in views.limits_text(run, compose_runs["toy"], compose_runs["untied"])
+    assert "**On text**" not in views.limits_text(run)
     paper = chapter.PROFILES["paper"].run
     assert f"({paper.grammar.v}, {paper.grammar.m}, {paper.grammar.s}, {paper.grammar.L})" in limits
     assert f"at most {analysis.loss_table(run).n_params.max():,} parameters" in limits
@@ -284,5 +236,8 @@ def test_compose_limits_and_conclusion(compose_runs):
     ex = analysis.alpha_table(run).query("law == 'excess'").set_index("family")
     assert f"**α = {views._alpha_interval(ex, 'untied')}**" in text
     assert f"({views._versus_one(ex.loc['looped'])})" in text
+    r = lambda lo, hi: SimpleNamespace(lo=lo, hi=hi)                                       # noqa: E731
+    assert [views._versus_one(r(1.1, 1.4)), views._versus_one(r(0.5, 1.5))] == [
+        "faster than ensemble averaging's 1", "consistent with ensemble averaging's 1"]
     assert _numbers(views._alpha_interval(ex, "untied")) == pytest.approx(
         [ex.loc["untied", c] for c in ("value", "lo", "hi")], abs=0.006)

@@ -96,3 +96,32 @@ def test_a_units_run_is_compared_with_the_run_it_merges_into():
     found = units.merged_by_units()
     assert found["toy-certified-units"] == "toy-certified" and found["toy-converged-units"] == "toy-converged"
     assert found["compose-toy-certified-units"] == "compose-toy-certified"
+
+
+def test_a_module_the_change_deleted_is_read_at_the_commit_before(tmp_path, monkeypatch):
+    """A committed run may record a module the change deletes (a retired part's, e.g. chapter 7's old looped toy
+    module): whether the run was fresh before the change is decided from that module's source at the earlier commit,
+    found where a module of its name lives (``a/b.py``), not from the checkout, which no longer has it."""
+    import ast
+    import hashlib
+    import subprocess
+
+    from depthlib import fingerprints
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    source = '"""A retired part."""\n\ndef f():\n    return 1\n'
+    (tmp_path / "retired_pkg").mkdir()
+    (tmp_path / "retired_pkg" / "gone.py").write_text(source)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "a part")
+    before = git("rev-parse", "HEAD")
+    git("rm", "-q", "retired_pkg/gone.py")
+    git("commit", "-q", "-m", "the part retired")
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    expected = hashlib.sha256(ast.dump(fingerprints._strip_docstrings(ast.parse(source))).encode()).hexdigest()
+    assert fingerprints.code_at(before, "retired_pkg.gone") == expected
+    assert fingerprints.code_at("HEAD", "retired_pkg.gone") is None          # gone after the change: not fresh there

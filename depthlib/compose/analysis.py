@@ -177,60 +177,6 @@ __all__ = ["DIAGNOSTICS", "FAMILY_LABELS", "MIN_POINTS", "alpha_table", "curves"
            "edit_profiles", "fit_laws", "lag_profiles", "layer_profiles", "local_slopes", "loss_table", "mean_interval"]
 
 
-# ---- the toy part: looped students against chapter 3's untied converged students ---------------------------------
-#: the looped toy students' kinds: the best over every route (what α_ℓ is fitted on, as chapter 3's protocol), and the
-#: best of the routes found by training alone (scratch → halved, never started at the teacher's block)
-TOY_CHAIN = "looped, scratch → halved"
-
-
-def toy_best(looped: results.Run) -> dict[str, pd.DataFrame]:
-    """The looped run's best students per (teacher, T, replicate, depth): ``looped`` over every route (its ``best``
-    table) and :data:`TOY_CHAIN` over the routes that did not start at the teacher (the Euler route and its
-    continuations excluded), for the teachers that have an Euler route."""
-    from depthlib.toy import converged
-    rows = looped.table("looped")
-    from_teacher = (rows["route"] == "euler") | (rows["route"].str.startswith("continued") & (rows["start"] == "euler"))
-    out = {"looped": looped.table("best")}
-    euler_teachers = set(rows.loc[rows["route"] == "euler", "teacher"])
-    if euler_teachers:
-        chain = rows[~from_teacher & rows["teacher"].isin(euler_teachers)]
-        out[TOY_CHAIN] = converged.best_routes(chain)
-    return out
-
-
-def toy_losses(looped: results.Run, untied: results.Run, temperature: float = 1.0) -> pd.DataFrame:
-    """Converged held-out loss per (student kind, teacher, depth) at ``temperature``: mean over replicates with its
-    95 % t interval, for the looped students of chapter 7's toy run (:func:`toy_best`: best over every route, and the
-    scratch → halved chain where an Euler route exists) and chapter 3's untied converged students (its ``best``)."""
-    rows = []
-    for kind, best in (*toy_best(looped).items(), ("untied", untied.table("best"))):
-        best = best[np.isclose(best["temperature"], temperature)]
-        for (teacher, depth), g in best.groupby(["teacher", "depth"]):
-            m, lo, hi, n = mean_interval(g["test_loss"])
-            rows.append({"kind": kind, "teacher": teacher, "depth": int(depth), "loss": m, "lo": lo, "hi": hi,
-                         "n": n, "converged": int(g["converged"].sum()),
-                         "rel_improvement_max": float(g["rel_improvement_last20"].max())})
-    return pd.DataFrame(rows)
-
-
-def toy_alphas(looped: results.Run, untied: results.Run, temperature: float = 1.0) -> pd.DataFrame:
-    """α_ℓ per (student kind, teacher) at ``temperature`` from each run's ``alpha_summary`` (the converged protocol's
-    fit: log–log over depth per replicate, mean and 95 % t interval over replicates, or the fit's own t interval with
-    one replicate; for the scratch → halved chain the same fit on its own best students), with the depths fitted."""
-    from depthlib.toy import converged
-    tables = {kind: (converged.alpha_tables(best)[1] if kind == TOY_CHAIN else looped.table("alpha_summary"), best)
-              for kind, best in toy_best(looped).items()}
-    tables["untied"] = (untied.table("alpha_summary"), untied.table("best"))
-    rows = []
-    for kind, (s, best) in tables.items():
-        depths = sorted(best["depth"].unique())
-        for r in s[np.isclose(s["temperature"], temperature)].itertuples():
-            rows.append({"kind": kind, "teacher": r.teacher, "alpha": float(r.alpha), "lo": float(r.lo),
-                         "hi": float(r.hi), "replicates": int(r.replicates), "interval": r.interval,
-                         "depths": ", ".join(str(int(d)) for d in depths)})
-    return pd.DataFrame(rows)
-
-
 # ---- what α_ℓ on text is a result: chapter 6 reads its series by this rule (:func:`depthlib.lm.chapter.alpha_shown`) ----
 def text_alphas(run: results.Run) -> pd.DataFrame:
     """Per family: α_ℓ of L = L∞ + c·ℓ^(−α_ℓ) over effective depth with its 95 % bootstrap interval over held-out
@@ -260,23 +206,4 @@ def text_alphas(run: results.Run) -> pd.DataFrame:
                      "L_inf": float(floor.loc[fam, "value"]), "n_depths": int(r.n_depths), "depths": depths[fam],
                      "shown": not why, "why_not": why,
                      "share_undefined_or_at_bound": float(r.share_undefined_or_at_bound)})
-    return pd.DataFrame(rows)
-
-
-# ---- part 2: signatures of the looped toy students ----------------------------------------------------------
-def toy_signatures(looped: results.Run, temperature: float = 1.0) -> pd.DataFrame:
-    """Per (net, teacher, depth) at ``temperature``: the middle-block step angle θ(h_l, h_{l+1}), the update angle
-    θ(Δh_l, Δh_{l+1}) and the long-lag cosine (k ≥ ℓ/4) of the looped students (best route) and their teachers
-    (:func:`depthlib.toy.analysis.signature_summary`), each the mean over replicates with its 95 % t interval."""
-    from depthlib.toy import analysis as toy_analysis
-    sig, lag = looped.table("signatures"), looped.table("lags")
-    keep = np.isclose(sig["temperature"], temperature)
-    per = toy_analysis.signature_summary(sig[keep], lag[np.isclose(lag["temperature"], temperature)])
-    per = per.merge(sig[keep][["net", "rho", "teacher"]].drop_duplicates(), on=["net", "rho"], how="left")
-    rows = []
-    for (net, teacher, depth), g in per.groupby(["net", "teacher", "depth"], sort=False):
-        row = {"net": net, "teacher": teacher, "depth": int(depth), "n": len(g)}
-        for col in ("theta_step", "theta_update", "long_lag_cos"):
-            row[col], row[f"{col}_lo"], row[f"{col}_hi"], _ = mean_interval(g[col])
-        rows.append(row)
     return pd.DataFrame(rows)

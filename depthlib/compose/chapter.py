@@ -5,8 +5,7 @@ the hierarchical positive control and looped depth on the grammar; ``hierarchy``
 deeper grammar with both of its tasks, certified, :mod:`depthlib.compose.hierarchy`; ``text_certified``, the three
 families on chapter 6's text at chapter 6's certified budget, :mod:`depthlib.compose.text_certified`; and
 ``toy_certified``, the looped toy students trained and certified by chapter 3's certified protocol,
-:mod:`depthlib.compose.looped_certified`; one part no longer shown: ``toy``, the looped students under chapter 3's
-earlier converged protocol, which ``toy_certified`` replaced),
+:mod:`depthlib.compose.looped_certified`),
 ``compute``, ``replay`` (retrain the run's first member up to its first evaluation with the current code),
 ``describe``, ``summary`` and ``COMPUTE``.
 """
@@ -20,12 +19,11 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime, units
-from depthlib.compose import hierarchy, looped_certified, looped_toy, text_certified
+from depthlib.compose import hierarchy, looped_certified, text_certified
 from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
 from depthlib.compose.hierarchy import HierarchyConfig
 from depthlib.compose.looped_certified import LoopedCertifiedConfig
-from depthlib.compose.looped_toy import LoopedToyConfig
 from depthlib.compose.model import GrammarModelConfig
 from depthlib.compose.rhm import RHMConfig
 from depthlib.compose.text_certified import TextCertifiedConfig
@@ -35,26 +33,24 @@ from depthlib.errors import InputError
 from depthlib.lm import chapter as lm_chapter
 from depthlib.toy import certified
 from depthlib.toy.certified import CertifiedConfig
-from depthlib.toy.converged import ConvergedConfig
+from depthlib.toy.converged import TEACHER_KINDS
 
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: the compose package, the angle measures and the trajectory clusters).
 COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
-           looped_toy.EXPERIMENT: "depthlib.compose.looped_toy:run_looped_toy",
            hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:run_hierarchy",
            text_certified.EXPERIMENT: "depthlib.compose.text_certified:run_text_certified",
            looped_certified.EXPERIMENT: "depthlib.compose.looped_certified:train_unit",
            looped_certified.UNITS: "depthlib.compose.looped_certified:train_unit"}
-TOY_EXPERIMENT = looped_toy.EXPERIMENT
 HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
 TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
 TOY_CERTIFIED_EXPERIMENT = looped_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
-PARTS = ("rhm", "toy", "hierarchy", "text_certified", "toy_certified")
-#: The parts the chapter shows by default (``toy_certified`` replaced ``toy``)
-SHOWN_PARTS = ("rhm", "hierarchy", "text_certified", "toy_certified")
+PARTS = ("rhm", "hierarchy", "text_certified", "toy_certified")
+#: The parts the chapter shows by default: all of them
+SHOWN_PARTS = PARTS
 #: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
-PART_FIELDS = {"rhm": "run", "toy": "toy", "hierarchy": "hierarchy", "text_certified": "text_certified",
+PART_FIELDS = {"rhm": "run", "hierarchy": "hierarchy", "text_certified": "text_certified",
                "toy_certified": "toy_certified"}
 #: The looped students under chapter 3's certified protocol: a run made of units (:mod:`depthlib.units`)
 LOOPED_PROTOCOL = units.UnitProtocol("looped", looped_certified.EXPERIMENT, looped_certified.UNITS,
@@ -64,23 +60,22 @@ LOOPED_PROTOCOL = units.UnitProtocol("looped", looped_certified.EXPERIMENT, loop
                                      "depthlib.compose.chapter:merge_looped_certified")
 
 __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "LOOPED_PROTOCOL", "PARTS", "PART_FIELDS", "PROFILES",
-           "SHOWN_PARTS", "TEXT_CERTIFIED_EXPERIMENT", "TOY_CERTIFIED_EXPERIMENT", "TOY_EXPERIMENT", "ComposeProfile",
-           "compute", "describe", "describe_hierarchy", "describe_text_certified", "describe_toy",
-           "describe_toy_certified", "labelled", "looped_units", "merge_looped_certified", "profile_config", "replay",
-           "replay_hierarchy", "replay_text_certified", "replay_toy", "replay_toy_certified", "runs", "summary",
-           "summary_hierarchy", "summary_text_certified", "summary_toy", "summary_toy_certified"]
+           "SHOWN_PARTS", "TEXT_CERTIFIED_EXPERIMENT", "TOY_CERTIFIED_EXPERIMENT", "ComposeProfile", "compute", "describe",
+           "describe_hierarchy", "describe_text_certified", "describe_toy_certified", "labelled", "looped_units",
+           "merge_looped_certified", "profile_config", "replay", "replay_hierarchy", "replay_text_certified",
+           "replay_toy_certified", "runs", "summary", "summary_hierarchy", "summary_text_certified",
+           "summary_toy_certified"]
 
 
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
     """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``),
-    the looped students in chapter 3's toy (``toy``), the hierarchy control on an unseen grammar, both tasks, certified
+    the hierarchy control on an unseen grammar, both tasks, certified
     (``hierarchy``), the three families on chapter 6's text at chapter 6's certified budget (``text_certified``) and
     the looped toy students under chapter 3's certified protocol (``toy_certified``)."""
 
     name: str
     run: ComposeConfig
-    toy: LoopedToyConfig
     hierarchy: HierarchyConfig
     text_certified: TextCertifiedConfig
     toy_certified: LoopedCertifiedConfig
@@ -91,12 +86,6 @@ class ComposeProfile(Profile):
 #: (v, m, s, L) = (8, 2, 2, 4) — 16 leaves, 16 of the 64 symbol pairs used per level — width 32, effective depths 1–8
 #: (below and above L = 4), three families, three replicates, 2000 steps × 64 fresh sequences per member.
 #: paper: a GPU; a deeper grammar (L = 5, 32 leaves, v = 16, m = 4), width 128, depths to 24, five replicates.
-#: The toy part (looped students, :mod:`depthlib.compose.looped_toy`) reuses chapter 3's converged protocol: cpu: the
-#: tied and independent teachers at T = 1, the committed calibration's teachers of replicates 0, 1 and 2, looped depths
-#: 6, 12, 24, 48, the protocol's default budget (3000 steps at ℓ = 48, 8× at ℓ = 6: 24 000), no continuation rounds;
-#: routes scratch → halved on both teachers, Euler on the tied one (measured about 80 s per student on one shared
-#: core: 36 students, about 50 min in all); paper: three replicates, depths to 96, 40 000 steps at the deepest, batch
-#: 1024, two continuation rounds.
 #: The hierarchy part (:mod:`depthlib.compose.hierarchy`; why this grammar: that module's measurement): cpu:
 #: the grammar (4, 2, 2, 5) — 32 leaves, Ω = 8.6·10⁹ sequences — both tasks, three families at effective depths 1, 2,
 #: 3, 4, 6, 8 (looped from 3; below and above L = 5), three replicates, width 32, 1000 steps × 64 fresh sequences per
@@ -152,9 +141,6 @@ PROFILES: dict[str, ComposeProfile] = {
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
         model=GrammarModelConfig(d_model=16, n_heads=2),
         train=GrammarTrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2),
-        LoopedToyConfig("smoke", ConvergedConfig(
-            "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(1, 2, 4, 8), steps_deepest=40, batch=32,
-            pool_batches=8, evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16), continuations=1),
         HierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
                         model=GrammarModelConfig(d_model=16, n_heads=2),
                         train=GrammarTrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
@@ -165,9 +151,6 @@ PROFILES: dict[str, ComposeProfile] = {
             "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(2, 4, 8), steps=40, batch=32, pool_batches=40,
             evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16))),
     "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
-                          LoopedToyConfig("cpu", ConvergedConfig(
-                              "cpu", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48),
-                              steps_deepest=3_000), continuations=0),
                           HierarchyConfig("cpu", certificate=Certificate(max_continuations=3)),
                           TextCertifiedConfig("cpu", series=lm_chapter.PROFILES["cpu"].converged,
                                               depths=(1, 2, 3, 4, 6, 8, 12)),
@@ -177,9 +160,6 @@ PROFILES: dict[str, ComposeProfile] = {
         seeds=(0, 1, 2, 3, 4), model=GrammarModelConfig(d_model=128, n_heads=4),
         train=GrammarTrainConfig(steps=20_000, batch_size=256, lr=1e-3, n_held_out=8192), n_probe=2048,
         n_permutations=8),
-        LoopedToyConfig("paper", ConvergedConfig(
-            "paper", cells=((1.0, 1.0, 3), (0.0, 1.0, 3)), depths=(6, 12, 24, 48, 96), steps_deepest=40_000,
-            batch=1024, pool_batches=4_096), continuations=2),
         HierarchyConfig("paper", grammar=RHMConfig(v=8, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
                         seeds=(0, 1, 2, 3, 4),
                         model=GrammarModelConfig(d_model=128, n_heads=4),
@@ -198,11 +178,10 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
     return PROFILES[profile].run.validate()
 
 
-def compute(cfg: ComposeConfig | LoopedToyConfig | HierarchyConfig | TextCertifiedConfig | LoopedCertifiedConfig, *,
-            force: bool = False,
+def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedCertifiedConfig, *, force: bool = False,
             progress: bool = True, jobs: int | None = None, device: str = "cpu") -> results.Run:
     """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
-    for the toy part :func:`depthlib.compose.looped_toy.run_looped_toy`'s, for the hierarchy part
+    for the hierarchy part
     :func:`depthlib.compose.hierarchy.run_hierarchy`'s and for the certified text part
     :func:`depthlib.compose.text_certified.run_text_certified`'s, whose members train ``jobs`` at a time: default one
     per core; the certified toy part's units are the units runner's, :func:`depthlib.units.train_units`, one process
@@ -217,8 +196,6 @@ def compute(cfg: ComposeConfig | LoopedToyConfig | HierarchyConfig | TextCertifi
                                                  progress=progress)
     if device != "cpu":
         raise InputError(f"this part of chapter 7 trains on the CPU, got device {device!r}")
-    if isinstance(cfg, LoopedToyConfig):
-        return looped_toy.run_looped_toy(cfg, force=force, progress=progress)
     if isinstance(cfg, LoopedCertifiedConfig):
         if force:
             raise InputError("--force does not apply to the certified toy part (its units resume; --rerun "
@@ -258,7 +235,7 @@ def labelled(cfg, field: str):
 
 def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, executor=None, device: str | None = None,
          progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
-    """``{"rhm": run, "toy": run, "hierarchy": run, "text_certified": run}``: the runs chapter 7 shows for ``profile``
+    """``{"rhm": run, "hierarchy": run, "text_certified": run, "toy_certified": run}``: the runs chapter 7 shows for ``profile``
     (the one rule: :func:`depthlib.results.select_run`), each trained now (resumable) if there is none; ``parts``
     chooses among them (:data:`PARTS`; default every part). Members train in this process on the CPU (``executor``
     and ``device`` are accepted for the contract and must be left at their defaults). Custom settings (a
@@ -277,7 +254,7 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
         return {part: compute(labelled(getattr(profile, PART_FIELDS[part]), PART_FIELDS[part]).validate(),
                               progress=progress)
                 for part in PARTS if part in parts}
-    experiments = {"rhm": EXPERIMENT, "toy": TOY_EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT,
+    experiments = {"rhm": EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT,
                    "text_certified": TEXT_CERTIFIED_EXPERIMENT}
     configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS if part in experiments}
     out = {part: results.chapter_run(
@@ -305,29 +282,6 @@ def _replayed_losses(run: results.Run, committed: pd.DataFrame, curve: pd.DataFr
     if not rows:
         raise InputError(f"run {run.experiment}/{run.key} has no losses at steps {list(steps)} to replay")
     return pd.DataFrame(rows)
-
-
-def replay_toy(run: results.Run) -> pd.DataFrame:
-    """Retrain the toy run's first looped student (first unit, smallest depth, scratch) up to its first held-out
-    evaluation with the current code; its committed and recomputed held-out losses at step 0 and there."""
-    import torch
-    cfg = LoopedToyConfig.from_dict(run.config)
-    cell, depth = cfg.units()[0], min(cfg.protocol.depths)
-    teacher = looped_toy.unit_teacher(cfg, cell)
-    first = cfg.protocol.steps(depth) // cfg.protocol.evals
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        pool = looped_toy.converged.make_pool(cfg.protocol, teacher, cell["replicate"])
-        _, curve, _ = looped_toy.train_looped(cfg, teacher, pool, cell, depth, "scratch", None, "", stop_at=first)
-    finally:
-        torch.set_num_threads(threads)
-    curves = run.table("curves")
-    mine = curves[(curves["rho"] == cell["rho"]) & (curves["temperature"] == cell["temperature"])
-                  & (curves["replicate"] == cell["replicate"]) & (curves["depth"] == depth)
-                  & (curves["route"] == "scratch")]
-    out = curve[["step", "test_loss"]].rename(columns={"test_loss": "replayed"})
-    return out.merge(mine[["step", "test_loss"]].rename(columns={"test_loss": "committed"}), on="step", how="left")
 
 
 def replay_toy_certified(run: results.Run) -> pd.DataFrame:
@@ -360,10 +314,8 @@ def replay_toy_certified(run: results.Run) -> pd.DataFrame:
 def replay(run: results.Run) -> pd.DataFrame:
     """Retrain the run's first member (first replicate, first family, shallowest depth) up to its first held-out
     evaluation with the current code; its committed and recomputed held-out and training losses there (columns
-    ``committed``, ``replayed``). A toy run is replayed by :func:`replay_toy`."""
+    ``committed``, ``replayed``). The other parts are replayed by their own ``replay_*``."""
     import torch
-    if run.experiment == TOY_EXPERIMENT:
-        return replay_toy(run)
     if run.experiment in (looped_certified.EXPERIMENT, looped_certified.UNITS):
         return replay_toy_certified(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
@@ -458,38 +410,11 @@ def summary_hierarchy(run: results.Run) -> dict:
             "wall_time_s": run.manifest.get("wall_time_s")}
 
 
-def describe_toy(run: results.Run) -> dict:
-    """Provenance and settings of a toy run (looped students)."""
-    c = LoopedToyConfig.from_dict(run.config)
-    p = c.protocol
-    return {**results.run_info(run), "teachers": [looped_toy.converged.TEACHER_KINDS[r] for r, _, _ in p.cells],
-            "temperatures": sorted({float(t) for _, t, _ in p.cells}),
-            "replicates": max(int(n) for _, _, n in p.cells), "depths": list(p.depths),
-            "steps": {int(d): p.steps(d) for d in p.depths}, "batch": p.batch, "pool_batches": p.pool_batches,
-            "flow_lr": c.flow_lr(), "lr_warm": p.lr_warm, "continuations": c.continuations,
-            "teacher_depth": p.teacher_depth, "d_model": p.d_model}
-
-
-def summary_toy(run: results.Run) -> dict:
-    """The key numbers of a toy run: per teacher the looped students' converged loss by depth (mean over replicates),
-    α_ℓ with its interval, the relative improvements, convergence and wall time."""
-    best, alpha = run.table("best"), run.table("alpha_summary")
-    return {"run": str(run.path), **{k: v for k, v in describe_toy(run).items() if k in ("profile", "depths",
-                                                                                            "replicates", "steps")},
-            "losses": {t: {int(d): float(x) for d, x in g.groupby("depth")["test_loss"].mean().items()}
-                       for t, g in best.groupby("teacher")},
-            "alpha": {r.teacher: {"value": float(r.alpha), "lo": float(r.lo), "hi": float(r.hi),
-                                  "interval": r.interval} for r in alpha.itertuples()},
-            "rel_improvement": {f"{r.teacher} r{r.replicate} ℓ={r.depth}": float(r.rel_improvement_last20)
-                                for r in best.itertuples()},
-            "all_converged": bool(best["converged"].all()), "wall_time_s": run.manifest.get("wall_time_s")}
-
-
 def describe_toy_certified(run: results.Run) -> dict:
     """Provenance and settings of a certified toy run (looped students under chapter 3's certified protocol)."""
     c = LoopedCertifiedConfig.from_dict(run.config)
     p = c.protocol
-    return {**results.run_info(run), "teachers": [looped_toy.converged.TEACHER_KINDS[r] for r, _, _ in p.cells],
+    return {**results.run_info(run), "teachers": [TEACHER_KINDS[r] for r, _, _ in p.cells],
             "temperatures": sorted({float(t) for _, t, _ in p.cells}),
             "replicates": max(int(n) for _, _, n in p.cells), "depths": list(p.depths), "steps": p.steps,
             "batch": p.batch, "pool_batches": p.pool_batches, "flow_lr": c.flow_lr(), "lr_warm": p.lr_warm,
@@ -570,8 +495,6 @@ def replay_text_certified(run: results.Run) -> pd.DataFrame:
 
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
-    if run.experiment == TOY_EXPERIMENT:
-        return describe_toy(run)
     if run.experiment == TOY_CERTIFIED_EXPERIMENT:
         return describe_toy_certified(run)
     if run.experiment == HIERARCHY_EXPERIMENT:
@@ -605,11 +528,9 @@ def _why_undefined(fits: pd.DataFrame, family: str, law: str) -> str:
 
 def summary(run: results.Run) -> dict:
     """The key numbers of a run: per family the held-out loss and excess per depth (mean over replicates), the depth
-    exponents with their intervals over replicates, convergence, and what the run cost (a toy run: the looped
-    students' converged losses by depth, α_ℓ per teacher, their relative improvements)."""
+    exponents with their intervals over replicates, convergence, and what the run cost (the other parts: their own
+    ``summary_*``)."""
     from depthlib.compose import analysis
-    if run.experiment == TOY_EXPERIMENT:
-        return summary_toy(run)
     if run.experiment == TOY_CERTIFIED_EXPERIMENT:
         return summary_toy_certified(run)
     if run.experiment == HIERARCHY_EXPERIMENT:

@@ -1,6 +1,6 @@
 """Looped students in chapter 3's toy, trained and certified by chapter 3's certified protocol.
 
-A looped student of depth ℓ is one residual block applied ℓ times with step 1/ℓ (:mod:`depthlib.compose.looped_toy`:
+A looped student of depth ℓ is one residual block applied ℓ times with step 1/ℓ (:mod:`depthlib.compose.looped`:
 ℓ explicit-Euler steps of one autonomous flow; its parameter count does not depend on ℓ). This module trains such
 students exactly as chapter 3's certified protocol (:mod:`depthlib.toy.certified`) trains its untied students, so
 that the two can be compared depth by depth:
@@ -20,7 +20,7 @@ that the two can be compared depth by depth:
 same flow with half the step; ``euler`` (tied teacher only) at every depth: the teacher's one block with
 W_down × ℓ*/ℓ, the teacher's own flow integrated in ℓ steps, then trained. **Learning rate**: the student is a flow
 over unit time whatever ℓ, so its rate does not depend on ℓ — exp-9-3's rate at the smallest depth, × ``lr_warm``
-for the warm starts (as :mod:`depthlib.compose.looped_toy`).
+for the warm starts.
 
 Each unit (teacher, T, replicate) also measures the hidden-state signatures of its certified-envelope students and of
 its teacher (chapter 3's :func:`depthlib.toy.analysis.signatures` and :func:`~depthlib.toy.analysis.lag_cosines`, on
@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 from depthlib.certificate import gain
-from depthlib.compose.looped_toy import SIGNATURE_INPUTS, SharedBlock, euler_block, halve, looped_weights, n_parameters
+from depthlib.compose.looped import SIGNATURE_INPUTS, SharedBlock, euler_block, halve, looped_weights, n_parameters
 from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.toy import analysis
@@ -109,7 +109,7 @@ class LoopedCertifiedConfig(Profile):
 
 class LoopedPoolStudents(SharedBlock, PoolStudents):
     """Chapter 3's certified protocol's pooled engine (:class:`depthlib.toy.certified.PoolStudents`) with one looped
-    student (:class:`depthlib.compose.looped_toy.SharedBlock`)."""
+    student (:class:`depthlib.compose.looped.SharedBlock`)."""
 
 
 def train_stage(cfg: LoopedCertifiedConfig, teacher: TeacherWeights, pool, test_targets, cell: dict, depth: int,
@@ -159,7 +159,7 @@ def unit_teacher(cfg: LoopedCertifiedConfig, cell: dict) -> TeacherWeights:
 def unit_signatures(cfg: LoopedCertifiedConfig, cell: dict, teacher: TeacherWeights,
                     students: dict[int, Student]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(signatures, lags) of each depth's envelope student (``net`` = looped student) and of the teacher, on
-    ``SIGNATURE_INPUTS`` seeded Gaussian inputs (those of :mod:`depthlib.compose.looped_toy`)."""
+    ``SIGNATURE_INPUTS`` seeded Gaussian inputs (:data:`depthlib.compose.looped.SIGNATURE_INPUTS`)."""
     p = cfg.protocol
     x = torch.randn((SIGNATURE_INPUTS, p.d_model), generator=torch.Generator().manual_seed(derive_seed(p.seed,
                                                                                                         "signature")))

@@ -589,15 +589,31 @@ def measurements(run) -> dict[str, list[dict]]:
 
 
 # ---- hidden-state signatures ------------------------------------------------------------------------------------------
+def signature_means(looped, temperature: float = 1.0) -> pd.DataFrame:
+    """Per (net, teacher, depth) at ``temperature``: the middle-block step angle θ(h_l, h_{l+1}), the update angle
+    θ(Δh_l, Δh_{l+1}) and the long-lag cosine (k ≥ ℓ/4) of the looped students (the certified envelope) and their teachers
+    (:func:`depthlib.toy.analysis.signature_summary`), each the mean over replicates with its 95 % t interval."""
+    sig, lag = looped.table("signatures"), looped.table("lags")
+    keep = np.isclose(sig["temperature"], temperature)
+    per = toy_analysis.signature_summary(sig[keep], lag[np.isclose(lag["temperature"], temperature)])
+    per = per.merge(sig[keep][["net", "rho", "teacher"]].drop_duplicates(), on=["net", "rho"], how="left")
+    rows = []
+    for (net, teacher, depth), g in per.groupby(["net", "teacher", "depth"], sort=False):
+        row = {"net": net, "teacher": teacher, "depth": int(depth), "n": len(g)}
+        for col in ("theta_step", "theta_update", "long_lag_cos"):
+            row[col], row[f"{col}_lo"], row[f"{col}_hi"], _ = mean_interval(g[col])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def signatures_table(run) -> pd.DataFrame:
     """Per (net, teacher, depth): the middle-block step angle θ(h_l, h_l+1), the angle between consecutive updates
     θ(Δh_l, Δh_l+1) (both rad) and the long-lag cosine cos(Δh_l, Δh_l+k), k ≥ ℓ/4 (dimensionless), of each depth's
-    envelope student and of its teacher (chapter 3's measures, :func:`depthlib.compose.analysis.toy_signatures`),
+    envelope student and of its teacher (chapter 3's measures, :func:`signature_means`),
     mean [95 % t] over replicates."""
-    from depthlib.compose.analysis import toy_signatures
     frames = []
     for temp in sorted({t for _, t in _cells(run)}, reverse=True):
-        frames.append(toy_signatures(run, temp).assign(temperature=temp))
+        frames.append(signature_means(run, temp).assign(temperature=temp))
     t = pd.concat(frames, ignore_index=True)
 
     def col(name, digits=3):
@@ -616,9 +632,8 @@ def signatures_text(run) -> str:
     :data:`ENSEMBLE_UPDATE_ANGLE` rad **and** a long-lag cosine below :data:`ENSEMBLE_LONG_LAG`, on the means over
     replicates); and the exponent with which the middle step angle falls from the shallowest to the deepest depth
     (a step of 1/ℓ gives 1)."""
-    from depthlib.compose.analysis import toy_signatures
     temp = max(t for _, t in _cells(run))
-    ts = toy_signatures(run, temp).set_index(["net", "teacher", "depth"])
+    ts = signature_means(run, temp).set_index(["net", "teacher", "depth"])
     students = ts.loc["looped student"]
     deep, shallow = int(students.index.get_level_values("depth").max()), int(
         students.index.get_level_values("depth").min())

@@ -3,10 +3,10 @@
 Every function reads the runs' tables through :mod:`depthlib.compose.analysis` (nothing is computed that a run
 stores) and returns a DataFrame or a Markdown string for the notebook to display; no compute code imports this module,
 so editing it never makes a committed run stale. The runs: ``run`` the positive control on the random hierarchy model
-(``runs["rhm"]``), ``toy`` the looped students in chapter 3's toy (``runs["toy"]``) and ``untied`` chapter 3's
-converged run; the certified text part's and the unseen control's views are :mod:`depthlib.compose.text_certified_views`
-and :mod:`depthlib.compose.hierarchy_views`.
-Units: losses and excess losses in nats per symbol (grammar), the toy's losses in nats (held-out KL), angles in
+(``runs["rhm"]``); the certified text part's, the unseen control's and the looped toy students' views are
+:mod:`depthlib.compose.text_certified_views`, :mod:`depthlib.compose.hierarchy_views` and
+:mod:`depthlib.compose.looped_views`.
+Units: losses and excess losses in nats per symbol (grammar), angles in
 radians, cosines and exponents dimensionless; intervals are 95 % (t over replicates unless stated).
 """
 from __future__ import annotations
@@ -17,10 +17,8 @@ import pandas as pd
 from depthlib import results
 from depthlib.compose import analysis
 
-__all__ = ["alpha_text", "conclusion_text", "convergence_table", "convergence_text", "diagnostics_text",
-           "equal_depth_table", "equal_parameters_text", "limits_text", "looped_students_table", "settings_table",
-           "slopes_table", "toy_conclusion_text", "toy_convergence_text", "toy_settings_table",
-           "toy_signatures_table", "toy_signatures_text", "toy_slope_intervals", "toy_slopes_table"]
+__all__ = ["alpha_text", "answer", "conclusion_text", "convergence_table", "convergence_text", "diagnostics_text",
+           "equal_depth_table", "equal_parameters_text", "limits_text", "settings_table", "slopes_table"]
 
 
 def _describe(run: results.Run) -> dict:
@@ -174,135 +172,11 @@ def diagnostics_text(run: results.Run, profile: str) -> str:
     return "**Measured** (" + profile + " profile; means over replicates with 95 % t intervals):\n\n" + "\n".join(lines)
 
 
-# ---- the looped students in chapter 3's toy -----------------------------------------------------------------------
-def toy_settings_table(toy: results.Run) -> pd.DataFrame:
-    """The toy run's settings, one row each (column ``value``): teachers (depth ℓ*, temperatures T), replicates, looped
-    depths and steps per depth, batch × pool, learning rates, trained parameters per student, students trained and
-    wall time (min)."""
-    tinfo, looped_rows = _describe(toy), toy.table("looped")
-    return pd.Series({
-        "teachers": ", ".join(tinfo["teachers"]) + " (ℓ* = " + str(tinfo["teacher_depth"]) + ", T = "
-                    + ", ".join(f"{t:g}" for t in tinfo["temperatures"]) + ")",
-        "replicates (the calibration's teachers)": tinfo["replicates"],
-        "looped depths": ", ".join(map(str, tinfo["depths"])),
-        "steps per depth": ", ".join(f"ℓ = {d}: {s:,}" for d, s in tinfo["steps"].items()),
-        "batch × pool": f"{tinfo['batch']} × {tinfo['pool_batches']} batches",
-        "lr (scratch; warm starts ×)": f"{tinfo['flow_lr']:.2e}; × {tinfo['lr_warm']:g}",
-        "trained parameters per looped student": f"{int(looped_rows.parameters.iloc[0]):,} at every depth",
-        "students trained": len(looped_rows),
-        "wall time": f"{tinfo['wall_time_s'] / 60:.0f} min on one core"}, name="value").to_frame()
-
-
-def looped_students_table(toy: results.Run) -> pd.DataFrame:
-    """Every looped student (teacher, replicate, depth): its route, steps, held-out loss (KL, nats; 3 significant
-    digits), relative improvement over the last 20 % of steps and whether it met the 1 % rule."""
-    looped_rows = toy.table("looped")
-    show_rows = looped_rows[["teacher", "replicate", "depth", "route", "steps", "test_loss",
-                             "rel_improvement_last20", "converged"]].sort_values(["teacher", "replicate", "depth"])
-    return (show_rows.assign(test_loss=show_rows.test_loss.map("{:.3e}".format),
-                             rel_improvement_last20=show_rows.rel_improvement_last20.map("{:.4f}".format))
-            .rename(columns={"rel_improvement_last20": "improvement, last 20 %", "test_loss": "held-out loss"})
-            .set_index(["teacher", "replicate", "depth"]))
-
-
-def toy_slope_intervals(toy: results.Run) -> pd.DataFrame:
-    """The local exponents −Δlog L/Δlog ℓ of the best looped students between neighbouring depths, per teacher: mean
-    over replicates with its 95 % t interval (columns slope, lo, hi, n; index teacher, depth_from, depth_to)."""
-    from depthlib.toy import converged as toy_converged
-    toy_slopes = toy_converged.local_slopes(toy.table("best"))
-    return toy_slopes.groupby(["teacher", "depth_from", "depth_to"])["slope"].apply(
-        lambda s: analysis.mean_interval(s)).apply(pd.Series).rename(columns={0: "slope", 1: "lo", 2: "hi", 3: "n"})
-
-
-def toy_slopes_table(toy: results.Run) -> pd.DataFrame:
-    """:func:`toy_slope_intervals` for the reader: 2 digits, the index and columns named."""
-    return (toy_slope_intervals(toy).round(2).rename_axis(index=["teacher", "from ℓ", "to ℓ"])
-            .rename(columns={"lo": "95 % low", "hi": "95 % high", "n": "replicates"}))
-
-
-def toy_convergence_text(toy: results.Run) -> str:
-    """**Measured** (Markdown): how many looped students met the 1 % rule and the largest improvement over the last
-    20 % of steps (%)."""
-    looped_rows = toy.table("looped")
-    return (f"**Measured.** {int(looped_rows.converged.sum())} of {len(looped_rows)} looped students are converged by "
-            f"the protocol's 1 % rule (largest improvement over the last 20 % of steps: "
-            f"{100 * looped_rows.rel_improvement_last20.max():.3f} %). The second table gives the local exponents "
-            "−Δlog L/Δlog ℓ between neighbouring depths (95 % t intervals over replicates): a plateau shows as slopes "
-            "falling towards 0.")
-
-
-def _interval_strings(t: pd.DataFrame, col: str) -> list[str]:
-    """Each row's ``col`` as "v [lo, hi]" (3 significant digits; the value alone where there is no interval)."""
-    return [f"{v:.3g} [{lo:.3g}, {hi:.3g}]" if np.isfinite(lo) else f"{v:.3g}"
-            for v, lo, hi in zip(t[col], t[f"{col}_lo"], t[f"{col}_hi"])]
-
-
-def toy_signatures_table(toy: results.Run) -> pd.DataFrame:
-    """Per (net, teacher, depth) in the toy: the middle θ(h_l, h_l+1) and θ(Δh_l, Δh_l+1) (rad) and the long-lag
-    cosine (k ≥ ℓ/4) of the looped students and their teachers, each "mean [95 % t interval]" over replicates."""
-    tsig = analysis.toy_signatures(toy)
-    return (tsig.assign(theta_step=_interval_strings(tsig, "theta_step"),
-                        theta_update=_interval_strings(tsig, "theta_update"),
-                        long_lag_cos=_interval_strings(tsig, "long_lag_cos"))
-            [["net", "teacher", "depth", "theta_step", "theta_update", "long_lag_cos", "n"]]
-            .rename(columns={"theta_step": "middle θ(h_l, h_l+1) (rad)", "theta_update": "θ(Δh_l, Δh_l+1) (rad)",
-                             "long_lag_cos": "long-lag cos (k ≥ ℓ/4)", "n": "replicates"})
-            .set_index(["net", "teacher", "depth"]))
-
-
-def _signature(ts: pd.DataFrame, net: str, teacher: str, depth: int, col: str) -> str:
-    """One signature of ``ts`` (:func:`depthlib.compose.analysis.toy_signatures` indexed by net, teacher, depth) as
-    "v [lo, hi]" (3 significant digits; the value alone without an interval)."""
-    r = ts.loc[(net, teacher, depth)]
-    return f"{r[col]:.3g}" + (f" [{r[col + '_lo']:.3g}, {r[col + '_hi']:.3g}]" if np.isfinite(r[col + '_lo']) else "")
-
-
-def _not_ensemble(ts: pd.DataFrame, teacher: str) -> bool:
-    """Whether chapter 3's rule calls every looped student of ``teacher`` a non-ensemble: θ(Δh) ≤ 1.2 rad or a
-    long-lag cosine ≥ 0.1 at every depth with both measured."""
-    r = ts.loc[("looped student", teacher)].dropna(subset=["theta_update", "long_lag_cos"])
-    return bool(((r["theta_update"] <= 1.2) | (r["long_lag_cos"] >= 0.1)).all())
-
-
-def toy_signatures_text(toy: results.Run) -> str:
-    """**Measured** (Markdown): the looped students' update angle (rad) and long-lag cosine at the deepest depth on
-    each teacher, the teachers' long-lag cosines, what chapter 3's ensemble rule calls the students, and how their
-    middle step angle (rad) falls from the shallowest to the deepest depth."""
-    tinfo = _describe(toy)
-    ts = analysis.toy_signatures(toy).set_index(["net", "teacher", "depth"])
-
-    def tsv(net, teacher, depth, col):
-        return _signature(ts, net, teacher, depth, col)
-    tdeep, tshallow = max(tinfo["depths"]), min(tinfo["depths"])
-    tdepth = int(ts.loc[("teacher", "tied")].index[0])
-    flow_rule = {t: _not_ensemble(ts, t) for t in ("tied", "independent")}
-    calls = ("every looped student a non-ensemble on both teachers" if all(flow_rule.values())
-             else "some looped students an ensemble")
-    return f"""**Measured** (means over {int(ts['n'].max())} replicates, 95 % t intervals). At ℓ = {tdeep} the looped students'
-consecutive updates meet at {tsv('looped student', 'tied', tdeep, 'theta_update')} rad on the tied teacher and
-{tsv('looped student', 'independent', tdeep, 'theta_update')} rad on the independent one, and their distant updates point
-the same way: long-lag cosine {tsv('looped student', 'tied', tdeep, 'long_lag_cos')} (tied) and
-{tsv('looped student', 'independent', tdeep, 'long_lag_cos')} (independent). The teachers (ℓ* = {tdepth}) give
-{tsv('teacher', 'tied', tdepth, 'long_lag_cos')} (tied: one flow) and {tsv('teacher', 'independent', tdepth, 'long_lag_cos')}
-(independent: {tdepth} different blocks). Chapter 3's rule — an ensemble needs θ(Δh) > 1.2 rad **and** a long-lag cosine below
-0.1 — calls {calls}:
-it reads the weight sharing correctly, whatever the target. On the independent teacher, then, the student is a flow asked
-to imitate an ensemble; the measures show *what it is*, not how well it fits, and its loss plateau (above) is the
-price. Note also that the middle step angle of the looped students falls as ℓ^−1 on both teachers (from
-{tsv('looped student', 'independent', tshallow, 'theta_step')} rad at ℓ = {tshallow} to
-{tsv('looped student', 'independent', tdeep, 'theta_step')} at ℓ = {tdeep} on the independent teacher): a flow with step
-1/ℓ and an ensemble give the same 1/ℓ, which is why the book's verdict says that row tells the two apart only from
-compositional assembly."""
-
-
 # ---- what the chapter can and cannot say, and its conclusion --------------------------------------------------------
-def limits_text(run: results.Run, toy: results.Run | None = None, untied: results.Run | None = None,
-                certified_text: results.Run | None = None, hierarchy: results.Run | None = None) -> str:
+def limits_text(run: results.Run, certified_text: results.Run | None = None, hierarchy: results.Run | None = None) -> str:
     """What this chapter can and cannot say, and what was not done (Markdown list): replicates, the grammar's size, the
     models' width and parameters, sequences per member, the text part's budget (``certified_text``: the part at
-    chapter 6's certified budget, when shown), the old toy part's budget beside chapter 3's converged run (``toy``
-    and ``untied``, when shown: the certified toy part says its own limits,
-    :func:`depthlib.compose.looped_views.limits_text`), whether the root task and a deeper grammar were run
+    chapter 6's certified budget, when shown), whether the root task and a deeper grammar were run
     (``hierarchy``: the unseen control, when shown) and what the `paper` profile (defined, not run) would train."""
     from depthlib.compose.chapter import PROFILES, describe_text_certified
     info = _describe(run)
@@ -336,7 +210,7 @@ def limits_text(run: results.Run, toy: results.Run | None = None, untied: result
   {info['sequences_per_member']:,} fresh sequences; the excess losses of the deep members were still falling when the
   1 % rule on the total loss was met, so their values (and every α fitted through them) are those of this
   budget.{unseen}{certified}
-* **Not done (cut for the budget):** {not_done}; more than one seed on text.{_old_toy_limits(toy, untied)}
+* **Not done (cut for the budget):** {not_done}; more than one seed on text.
 * **What a GPU-scale run needs.** The `paper` profile (defined, not run) is a deeper grammar ((v, m, s, L) =
   ({paper.grammar.v}, {paper.grammar.m}, {paper.grammar.s}, {paper.grammar.L}), {paper.grammar.length} leaves), width
   {paper.model.d_model}, effective depths {min(paper.depths)}–{max(paper.depths)}, {len(paper.seeds)} replicates and
@@ -348,19 +222,6 @@ def limits_text(run: results.Run, toy: results.Run | None = None, untied: result
   beyond it, a web-scale corpus with enough tokens per parameter (Chinchilla's ≈ 20) at every effective depth and
   several seeds — hours of one GPU per family.
 """
-
-
-def _old_toy_limits(toy: results.Run | None, untied: results.Run | None) -> str:
-    """The old toy part's budget beside chapter 3's converged run (one sentence; empty without both runs)."""
-    if toy is None or untied is None:
-        return ""
-    tinfo = _describe(toy)
-    return f""" The looped toy students were run with
-  {tinfo['replicates']} replicates and depths
-  {', '.join(map(str, tinfo['depths']))} (chapter 3's untied students: {untied.config['cells'][0][2]} replicates,
-  depths {', '.join(map(str, untied.config['depths']))}), {tinfo['steps'][max(tinfo['depths'])]:,} steps at the deepest
-  (chapter 3's run: {untied.config['steps_deepest']:,}) and {tinfo['continuations']} continuation rounds (chapter 3's:
-  {untied.config['continuations']})."""
 
 
 def _alpha_interval(table: pd.DataFrame, family: str) -> str:
@@ -433,91 +294,6 @@ member met the 1 % rule, but the deep members' excess was still falling (by up t
 {100 * losses.rel_improvement_excess_max.max():.0f} % over the last 20 % of steps), so longer training could steepen the
 untied law further. Whether reuse or hierarchy changes α_ℓ *for language* is not answered here (see what a GPU-scale
 run needs, above). The run took {info['wall_time_s'] / 60:.0f} min of wall time on one core ({info['n_members']} members).
-"""
-
-
-def _toy_alpha(ta: pd.DataFrame, kind: str, teacher: str) -> str:
-    """α_ℓ of one kind of toy student on one teacher (``ta``: :func:`depthlib.compose.analysis.toy_alphas` indexed by
-    kind and teacher) as "v [lo, hi]"."""
-    r = ta.loc[(kind, teacher)]
-    return f"{r.alpha:.2f} [{r.lo:.2f}, {r.hi:.2f}]"
-
-
-def _against(ta: pd.DataFrame, kind: str, teacher: str, other: str = "untied") -> str:
-    """"below", "above" or "overlapping": one kind's α_ℓ interval on ``teacher`` against ``other``'s."""
-    a, b = ta.loc[(kind, teacher)], ta.loc[(other, teacher)]
-    return "below" if a.hi < b.lo else "above" if a.lo > b.hi else "overlapping"
-
-
-def _versus_three(r) -> str:
-    """Where an α interval (a row with lo, hi) lies against a smooth flow's 3."""
-    return "below a smooth flow's 3" if r.hi < 3 else "above 3" if r.lo > 3 else "consistent with a smooth flow's 3"
-
-
-def _versus_one_toy(r) -> str:
-    """Where an α interval (a row with lo, hi) lies against 1."""
-    return "below 1" if r.hi < 1 else "above 1" if r.lo > 1 else "consistent with 1"
-
-
-def _loss_ratio(tl: pd.DataFrame, teacher: str, depth: int) -> float:
-    """The best looped student's converged loss over the untied student's (``tl``: :func:`depthlib.compose.analysis.
-    toy_losses` indexed by kind, teacher, depth)."""
-    return tl.loc[("looped", teacher, depth), "loss"] / tl.loc[("untied", teacher, depth), "loss"]
-
-
-def toy_conclusion_text(toy: results.Run, untied: results.Run) -> str:
-    """The conclusion on the looped toy students (Markdown): α_ℓ (dimensionless, 95 % intervals) on the tied teacher
-    beside the untied students' and 3, the scratch → halved chain's, the looped over untied loss ratios at the
-    shallowest and deepest common depths, the independent teacher's α_ℓ, losses (nats) and local slope, convergence
-    and wall time (min)."""
-    tinfo = _describe(toy)
-    toy_losses, toy_alphas = analysis.toy_losses(toy, untied), analysis.toy_alphas(toy, untied)
-    looped_rows = toy.table("looped")
-    slope_iv = toy_slope_intervals(toy)
-    ta = toy_alphas.set_index(["kind", "teacher"])
-    tl = toy_losses.set_index(["kind", "teacher", "depth"])
-
-    def tiv(kind, teacher):
-        return _toy_alpha(ta, kind, teacher)
-
-    def against(kind, teacher, other="untied"):
-        return _against(ta, kind, teacher, other)
-
-    def versus_three(teacher):
-        return _versus_three(ta.loc[("looped", teacher)])
-
-    def versus_one_toy(teacher):
-        return _versus_one_toy(ta.loc[("looped", teacher)])
-
-    def ratio(teacher, depth):
-        return _loss_ratio(tl, teacher, depth)
-    common = sorted(set(tinfo["depths"]) & set(toy_losses.query("kind == 'untied'").depth))   # depths both runs trained
-    d_lo, d_hi = common[0], common[-1]
-    last = slope_iv.loc["independent"].iloc[-1]
-    last_t = slope_iv.loc["tied"].iloc[-1]
-    n_rep = int(ta.loc[("looped", "tied"), "replicates"])
-    tied_best = toy.table("best").query("teacher == 'tied'")
-    n_euler, n_tied = int((tied_best.route == "euler").sum()), len(tied_best)
-    chain_ratio = tl.loc[(analysis.TOY_CHAIN, "tied", d_hi), "loss"] / tl.loc[("looped", "tied", d_hi), "loss"]
-    return f"""
-**Looped students in chapter 3's toy.** A student that applies one block ℓ times with step 1/ℓ — an autonomous flow,
-{int(looped_rows.parameters.iloc[0]):,} parameters at every depth — trained by chapter 3's converged protocol
-(T = 1, ℓ = {', '.join(map(str, tinfo['depths']))}, {n_rep} replicates, 95 % t intervals over replicates) gives
-**α_ℓ = {tiv('looped', 'tied')} on the tied teacher**, {versus_three('tied')} and {against('looped', 'tied')} the untied
-students' {tiv('untied', 'tied')} ({n_euler} of {n_tied} of its best tied students are the Euler route's). Trained
-from scratch alone (the scratch → halved chain) it gives {tiv(analysis.TOY_CHAIN, 'tied')}, its loss
-{chain_ratio:.1f} × the best route's at ℓ = {d_hi}. The best looped loss is {ratio('tied', d_lo):.1f} × the untied \
-student's at ℓ = {d_lo} and
-{ratio('tied', d_hi):.1f} × at ℓ = {d_hi} (local slope between the two deepest depths {last_t.slope:.2f}
-[{last_t.lo:.2f}, {last_t.hi:.2f}]). On the **independent teacher** it gives **α_ℓ = {tiv('looped', 'independent')}**
-({versus_one_toy('independent')}; {against('looped', 'independent')} the untied students' {tiv('untied', 'independent')}):
-its loss goes from {tl.loc[('looped', 'independent', d_lo), 'loss']:.2e} at ℓ = {d_lo} to
-{tl.loc[('looped', 'independent', d_hi), 'loss']:.2e} at ℓ = {d_hi}, {ratio('independent', d_hi):.1f} × the untied
-student's there, with a local slope of {last.slope:.2f} [{last.lo:.2f}, {last.hi:.2f}] between the two deepest depths.
-{int(looped_rows.converged.sum())} of {len(looped_rows)} looped students met the 1 % rule (largest improvement over the
-last 20 %: {100 * looped_rows.rel_improvement_last20.max():.3f} %); the run's second and third segments took
-{tinfo['wall_time_s'] / 60:.0f} min on one core (the first, which trained six of the tied teacher's chain students, is not
-in the run's wall time).
 """
 
 

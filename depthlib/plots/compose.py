@@ -142,45 +142,6 @@ __all__ = ["alpha_forest", "cluster_trajectories", "deletion_profile", "diagnost
            "loss_vs_depth", "profiles"]
 
 
-TOY_TEACHER_COLORS = {"tied": plots.color(0), "independent": plots.color(3)}
-TOY_KIND_DASH = {"looped": "solid", "looped, scratch → halved": "dot", "untied": "dash"}
-TOY_KIND_NAMES = {"looped": "looped (one block × ℓ), best route", "looped, scratch → halved": "looped, scratch → halved",
-                  "untied": "untied (chapter 3)"}
-TOY_KIND_SYMBOL = {"looped": "circle", "looped, scratch → halved": "circle-open", "untied": "diamond"}
-
-
-def toy_loss_vs_depth(losses: pd.DataFrame) -> go.Figure:
-    """Converged held-out KL against student depth in chapter 3's toy: looped students (solid: best route; dotted:
-    the scratch → halved chain where an Euler route exists) beside chapter 3's untied converged students (dashed),
-    one colour per teacher, 95 % t intervals over replicates."""
-    fig = plots.new_figure("Toy: converged loss of looped and untied students against depth",
-                           "student depth ℓ (block applications)", "converged held-out KL (nats)", log_x=True,
-                           log_y=True)
-    for (kind, teacher), g in losses.groupby(["kind", "teacher"], sort=False):
-        g = g.sort_values("depth")
-        fig.add_trace(go.Scatter(x=g["depth"], y=g["loss"], mode="lines+markers", error_y=_errors(g, "loss", "lo", "hi"),
-                                 line=dict(color=TOY_TEACHER_COLORS.get(teacher), dash=TOY_KIND_DASH.get(kind)),
-                                 marker=dict(size=8), name=f"{TOY_KIND_NAMES.get(kind, kind)}, {teacher} teacher"))
-    fig.update_xaxes(**plots.log_ticks(losses["depth"]))
-    return fig
-
-
-def toy_alpha_forest(alphas: pd.DataFrame) -> go.Figure:
-    """α_ℓ of looped and untied toy students with 95 % intervals, coloured by teacher (legend); 1 and 3 marked."""
-    rows = alphas.copy()
-    rows["label"] = [plots.wrap(f"{TOY_KIND_NAMES.get(r.kind, r.kind)}, {r.teacher} teacher (ℓ = {r.depths})", 44)
-                     for r in rows.itertuples()]
-    fig = plots.new_figure("Toy: depth exponent α<sub>ℓ</sub> of looped and untied students (95 % intervals)",
-                           "α<sub>ℓ</sub> (dimensionless)", "", height=120 + 45 * max(len(rows), 1))
-    fig.add_trace(go.Scatter(x=rows["alpha"], y=rows["label"], mode="markers", error_x=_errors(rows, "alpha", "lo", "hi"),
-                             marker=dict(size=10, color=[TOY_TEACHER_COLORS.get(t) for t in rows["teacher"]],
-                                         symbol=[TOY_KIND_SYMBOL.get(k, "square") for k in rows["kind"]]),
-                             name="α<sub>ℓ</sub>", showlegend=False))
-    plots.colour_key(fig, {f"{t} teacher": TOY_TEACHER_COLORS[t] for t in dict.fromkeys(rows["teacher"])
-                           if t in TOY_TEACHER_COLORS}, symbol="square")
-    return _with_mechanism_guides(fig)
-
-
 def _with_mechanism_guides(fig: go.Figure) -> go.Figure:
     """Grey lines at α_ℓ = 1 (ensemble averaging) and 3 (a smooth flow) on a forest plot of exponents, named in the
     legend (:func:`depthlib.plots.guides`: labels at the lines print over each other at this width), the legend under
