@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ import pandas as pd
 import torch
 
 from depthlib import paths, results
+from depthlib.contract import from_dict, to_dict
 from depthlib.errors import InputError
 from depthlib.lm import fit
 from depthlib.lm.corpus import CorpusConfig, TokenData, probe_pieces, split_documents, tokenize
@@ -73,14 +74,11 @@ class SeriesConfig:
     bootstrap_seed: int = 0
 
     def to_dict(self) -> dict:
-        return results.normalise(asdict(self))
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "SeriesConfig":
-        d = dict(d)
-        return cls(**{**d, "depths": tuple(d["depths"]), "seeds": tuple(d["seeds"]),
-                      "angle_depths": tuple(d["angle_depths"]), "model": ModelConfig(**d["model"]),
-                      "train": TrainConfig(**d["train"]), "corpus": CorpusConfig(**d["corpus"])})
+        return from_dict(cls, d)
 
     def validate(self) -> "SeriesConfig":
         for depth in self.depths:

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from depthlib.contract import from_dict, to_dict
 from depthlib.errors import InputError
 from depthlib.toy import analysis
 from depthlib.toy.engine import BatchedStudents, StudentSpec, _rms
@@ -128,14 +129,11 @@ class ConvergedConfig:
         return ROUTES if rho == 1.0 else tuple(r for r in ROUTES if r != "euler")
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["cells"] = [list(c) for c in self.cells]
-        d["depths"] = list(self.depths)
-        return d
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ConvergedConfig":
-        return cls(**{**d, "cells": tuple(tuple(c) for c in d["cells"]), "depths": tuple(d["depths"])})
+        return from_dict(cls, d)
 
     def validate(self) -> "ConvergedConfig":
         if len(set(self.depths)) < 3 or min(self.depths) < 1:

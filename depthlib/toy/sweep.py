@@ -9,7 +9,6 @@ step) and ``signatures`` (hidden-state signatures of the trained students and of
 """
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import pandas as pd
 import torch
 
 from depthlib import results
+from depthlib.contract import to_dict
 from depthlib.errors import InputError
 from depthlib.toy import analysis
 from depthlib.toy.engine import BatchedStudents, StudentSpec
@@ -70,10 +70,7 @@ class SweepConfig:
         return ToyShape(d_model=self.d_model, d_mlp=4 * self.d_model, teacher_depth=self.teacher_depth)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["cells"] = [list(c) for c in self.cells]
-        d["depths"] = list(self.depths)
-        return d
+        return to_dict(self)
 
     @property
     def n_students(self) -> int:
