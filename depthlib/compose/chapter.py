@@ -70,9 +70,9 @@ __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "LOOPED_PROTOCOL", "
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
     """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``),
-    the hierarchy control on an unseen grammar, both tasks, certified
-    (``hierarchy``), the three families on chapter 6's text at chapter 6's certified budget (``text_certified``) and
-    the looped toy students under chapter 3's certified protocol (``toy_certified``)."""
+    the hierarchy control on an unseen grammar, both tasks, certified (``hierarchy``), the three families on chapter
+    6's text at chapter 6's certified budget (``text_certified``) and the looped toy students under chapter 3's
+    certified protocol (``toy_certified``)."""
 
     name: str
     run: ComposeConfig
@@ -181,8 +181,7 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
 def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedCertifiedConfig, *, force: bool = False,
             progress: bool = True, jobs: int | None = None, device: str = "cpu") -> results.Run:
     """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
-    for the hierarchy part
-    :func:`depthlib.compose.hierarchy.run_hierarchy`'s and for the certified text part
+    for the hierarchy part :func:`depthlib.compose.hierarchy.run_hierarchy`'s and for the certified text part
     :func:`depthlib.compose.text_certified.run_text_certified`'s, whose members train ``jobs`` at a time: default one
     per core; the certified toy part's units are the units runner's, :func:`depthlib.units.train_units`, one process
     per core).

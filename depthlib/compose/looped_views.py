@@ -51,7 +51,8 @@ from depthlib.toy import certified
 __all__ = ["CHAIN", "CHAIN_ROUTES", "ENSEMBLE_LONG_LAG", "ENSEMBLE_UPDATE_ANGLE", "PLATEAU_SLOPE", "answer",
            "certification_table", "conclusion_text", "difference_display", "difference_table", "exponent_display",
            "exponent_table", "limits_text", "loss_display", "loss_lines", "loss_table", "measurements", "plateau_display",
-           "plateau_table", "settings_table", "signatures_table", "signatures_text", "slopes_display", "slopes_table"]
+           "plateau_table", "settings_table", "signature_means", "signatures_table", "signatures_text", "slopes_display",
+           "slopes_table"]
 
 #: the looped routes that train without the teacher's block: scratch at the smallest depth, halved above it
 CHAIN_ROUTES = ("scratch", "halved")
