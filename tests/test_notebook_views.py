@@ -41,9 +41,7 @@ def series(committed):
 @pytest.fixture(scope="module")
 def compose_runs(committed):
     from depthlib.compose import chapter
-    from depthlib.toy import chapter as toy_chapter
     runs = committed(chapter.runs, "cpu")
-    runs["untied"] = committed(toy_chapter.runs, "cpu", parts=("converged",))["converged"]
     assert all(r.committed for r in runs.values())
     return runs
 
