@@ -758,13 +758,14 @@ def _lm_check(args, settings, parts) -> None:
     if args.profile != "paper" or device != "cpu" or args.allow_cpu:
         return
     for part, cfg in _lm_configs(settings, parts).items():
-        if part == "series" and not chapter.open_series_run(cfg).complete:
+        experiment = {"series": chapter.EXPERIMENT, "converged": chapter.CONVERGED_EXPERIMENT}.get(part)
+        if experiment is None or chapter.results.open_run(experiment, cfg.validate().to_dict()).complete:
+            continue
+        if part == "series":
             flop, what = chapter.training_flop(cfg), f"--profile paper trains {len(cfg.units())} models"
-        elif part == "converged" and not chapter.results.open_run(chapter.CONVERGED_EXPERIMENT, cfg.to_dict()).complete:
+        else:
             flop = chapter.converged_training_flop(cfg)
             what = f"--part converged --profile paper trains {len(cfg.units())} models"
-        else:
-            continue
         raise InputError(f"{what} ({flop / 1e15:.1f} PFLOP): about {flop / chapter.CPU_TRAIN_FLOP_PER_S / 3600:,.0f} "
                          f"hours on a CPU at the {chapter.CPU_TRAIN_FLOP_PER_S / 1e9:.0f} GFLOP/s measured for the cpu "
                          f"profile's training on a 2-core machine, and it would run on the CPU "

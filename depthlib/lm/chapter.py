@@ -19,7 +19,7 @@ from depthlib.lm import converged
 from depthlib.lm.converged import ConvergedConfig
 from depthlib.lm.corpus import CorpusConfig
 from depthlib.lm.model import ModelConfig
-from depthlib.lm.series import EXPERIMENT, SeriesConfig, open_series_run, prepare_data, run_series, train_unit
+from depthlib.lm.series import EXPERIMENT, SeriesConfig, prepare_data, run_series, train_unit
 from depthlib.lm.train import TrainConfig
 
 #: The converged series (:mod:`depthlib.lm.converged`): trained until α_ℓ stops moving, members certified.
@@ -156,12 +156,7 @@ def compute_converged(cfg: ConvergedConfig, device: str = "cpu", *, force: bool 
     if executor is None:
         n = max(1, min(os.cpu_count() or 1, len(cfg.units())))
         executor = executors.ExecutorConfig("joblib", jobs=n, threads=1) if n > 1 else None
-    run = results.open_run(CONVERGED_EXPERIMENT, cfg.validate().to_dict())
-    results.remove_stray_tmp(run.path)
-    saves = (f"every finished stage of every member (its main training, each continuation) and the running stage's "
-             f"last checkpoint are in {run.path / converged.UNITS}")
-    with results.guarding(run.path, saves):
-        return converged.run_converged(cfg, device, progress=progress, force=force, executor=executor)
+    return converged.run_converged(cfg, device, progress=progress, force=force, executor=executor)
 
 
 def converged_run(profile: str = "smoke", device: str | None = None, *, rerun: bool = False, executor=None,
@@ -184,13 +179,7 @@ def compute(cfg: SeriesConfig | ConvergedConfig, device: str = "cpu", *, force: 
     if isinstance(cfg, ConvergedConfig):
         return compute_converged(cfg, device, force=force, progress=progress, executor=executor)
     runtime.configure_process()   # a long run: steady malloc, passive OpenMP waiting
-    run = open_series_run(cfg)
-    results.remove_stray_tmp(run.path)
-    saves = (f"finished models and the current model's last checkpoint (every {cfg.train.eval_every} steps) are in "
-             f"{run.path}" + ("; with --executor, each (depth, seed) is one job"
-                              if executor is not None and executor.kind != "serial" else ""))
-    with results.guarding(run.path, saves):
-        return run_series(cfg, device, progress=progress, force=force, executor=executor)
+    return run_series(cfg, device, progress=progress, force=force, executor=executor)
 
 
 def labelled(cfg, part: str):

@@ -332,7 +332,9 @@ def run_series(cfg: SeriesConfig, device: str = "cpu", *, progress: bool = True,
     dev = str(resolve_device(device))
     with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile, code=(f"{__name__}:run_series",),
                            seed=int(cfg.seeds[0]), device=dev, force=force, root=root,
-                           checkpoints=checkpoint_names(cfg), unit_marker="model") as job:
+                           checkpoints=checkpoint_names(cfg), unit_marker="model",
+                           saves=f"finished models and the current model's last checkpoint (every "
+                                 f"{cfg.train.eval_every} steps) are in {{folder}}") as job:
         if job.complete:
             return job.run
         run = job.run

@@ -94,7 +94,8 @@ def run_probe(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeC
     run = open_probe_run(model, corpus, n_docs, cfg, doc_range)
     with results.computing(run.experiment, run.config, profile=profile, code=CODE,
                            seed=cfg.seed, device=cfg.device, force=force, tables=TABLES,
-                           checkpoints=("checkpoint.pt",)) as job:
+                           checkpoints=("checkpoint.pt",),
+                           saves="finished documents are checkpointed in {folder} (every 4 batches)") as job:
         if job.complete:
             print(f"[depthlib] loaded a finished run from the cache: {job.run.path}", file=sys.stderr)
             return job.run
@@ -178,9 +179,12 @@ def _merge_tokens(parts: list[pd.DataFrame], size: int) -> pd.DataFrame:
 
 def _computing(model: str, corpus: str, n_docs: int, cfg: ProbeConfig, profile: str):
     """The lifecycle (:func:`depthlib.results.computing`) of the one-pass run of ``model``: the merge is tested to
-    equal one pass, so it records the one pass's compute entries."""
+    equal one pass, so it records the one pass's compute entries. An interrupted merge keeps its finished shards."""
+    from depthlib import paths
+    shards = paths.local_results_dir() / SHARD_EXPERIMENT
     return results.computing(experiment_name(model), probe_key(model, corpus, n_docs, cfg), profile=profile,
-                             seed=cfg.seed, code=CODE, device=cfg.device, tables=TABLES)
+                             seed=cfg.seed, code=CODE, device=cfg.device, tables=TABLES, kept_in=shards,
+                             saves=f"finished shards and their checkpoints are under {shards}")
 
 
 def _write_merged(job: results.Computation, model: str, corpus: str, n_docs: int, cfg: ProbeConfig,
@@ -370,7 +374,7 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeCon
     """Probe ``model`` on ``n_docs`` documents of ``corpus`` (cached, resumable): in this process
     (:func:`run_probe`) or, with an :class:`~depthlib.executors.ExecutorConfig` other than serial,
     as ``shards`` document shards (default: its number of jobs) merged into the same run."""
-    from depthlib import paths, validate
+    from depthlib import validate
     from depthlib.models import checks
     cfg = (config or ProbeConfig()).validate()
 
@@ -379,17 +383,13 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeCon
         checks.enough_documents(corpus, n_docs)
     if executor is None or executor.kind == "serial":
         check()
-        folder = open_probe_run(model, corpus, n_docs, cfg).path
-        with results.guarding(folder, f"finished documents are checkpointed in {folder} (every 4 batches)"):
-            return _checked(lambda: run_probe(model, corpus, n_docs, cfg, profile=profile, progress=progress,
-                                              force=force))
+        return _checked(lambda: run_probe(model, corpus, n_docs, cfg, profile=profile, progress=progress,
+                                          force=force))
     if force:
         raise InputError("--force works with --executor serial only")
     n = validate.int_in_range("--shards", shards if shards is not None else executor.jobs, 1)
     check()
-    folder = paths.local_results_dir() / SHARD_EXPERIMENT
-    with results.guarding(folder, f"finished shards and their checkpoints are under {folder}"):
-        return _checked(lambda: run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile))
+    return _checked(lambda: run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile))
 
 
 def _checked(compute_run: Callable[[], results.Run]) -> results.Run:
