@@ -562,10 +562,23 @@ def stage_book(profile: str, stage: Path, only: list[str] | None = None, rerun: 
     for name in ("depthlib.css", "mathjax2-shim.js"):   # the book's own small assets
         shutil.copy(REPO_ROOT / "book" / name, stage / "book_assets" / name)
     stage_notebooks(stage, profile, only, rerun)
-    # the intro includes the verdict, generated after the chapters ran from the runs they showed
-    from depthlib import verdict
-    (stage / "book" / VERDICT_PAGE).write_text(verdict.book_page(profile, rerun=rerun), encoding="utf-8")
+    write_verdict(stage, profile, rerun)
     return stage
+
+
+def write_verdict(stage: Path, profile: str, rerun: bool = False) -> None:
+    """The verdict of the runs the staged chapters showed (:func:`depthlib.verdict.verdict`), generated after they
+    ran: the page the intro includes (``book/verdict.md``) and the substitutions the hand-written pages quote
+    (:func:`depthlib.verdict.substitutions`: ``{{ tied_alpha_value }}`` …), added to the staged ``_config.yml``."""
+    import yaml
+
+    from depthlib import verdict
+    rows = verdict.verdict(profile, rerun=rerun)
+    (stage / "book" / VERDICT_PAGE).write_text(verdict.book_page(profile, rows=rows), encoding="utf-8")
+    config_file = stage / "_config.yml"
+    config = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    config.setdefault("parse", {})["myst_substitutions"] = verdict.substitutions(rows)
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
 
 
 def _check_writable(out: Path) -> None:

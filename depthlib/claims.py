@@ -39,6 +39,7 @@ class Measurement:
     profile: str | None = None
     note: str = ""
     converged: bool = True      # False: from students or models still improving: undecided
+    certified: tuple[int, int] | None = None    # (certified, of) the students behind the number, where one certifies
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,11 @@ def _converged_summary(parts: dict[str, results.Run | None]) -> tuple[pd.DataFra
             "converged-loss protocol", "met its 1 % rule (a rule a schedule can meet, not a certificate)")
 
 
+def _count(r) -> tuple[int, int]:
+    """(certified, of) from a :func:`_converged_summary` row (or the sum of several)."""
+    return int(r["n_converged"]), int(r["n_students"])
+
+
 def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib.toy import analysis, chapter
     parts = _shown("toy", profile, rerun, parts=chapter.SHOWN_PARTS)
@@ -209,7 +214,8 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                         float(r["lo"]), float(r["hi"]), conv_profile,
                                         f"{protocol}, {int(r['replicates'])} replicate(s); "
                                         f"{int(r['n_converged'])} of {int(r['n_students'])} students {word}",
-                                        converged=certifies and bool(r["n_converged"] == r["n_students"]))]
+                                        converged=certifies and bool(r["n_converged"] == r["n_students"]),
+                                        certified=_count(r) if certifies else None)]
         source = parts.get("certified" if certifies else "converged")
         sep = source.table("separation") if "separation" in source.tables() else pd.DataFrame()
         if len(sep):
@@ -219,7 +225,8 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                 f"toy, tied − independent, T = {float(r.get('temperature', 1.0)):g}", float(r["diff"]), float(r["lo"]),
                 float(r["hi"]), conv_profile, f"{protocol}, paired by replicate ({int(r['n'])}); "
                 f"{int(at['n_converged'].sum())} of {int(at['n_students'].sum())} students {word}",
-                converged=certifies and bool((at["n_converged"] == at["n_students"]).all()))]
+                converged=certifies and bool((at["n_converged"] == at["n_students"]).all()),
+                certified=_count(at.sum(numeric_only=True)) if certifies else None)]
         tied = conv[conv["teacher"] == "tied"]
         if len(tied):
             r = tied.loc[tied["temperature"].idxmin()]
@@ -227,7 +234,8 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                                    float(r["lo"]), float(r["hi"]), conv_profile,
                                                    f"{protocol}; {int(r['n_converged'])} of "
                                                    f"{int(r['n_students'])} students {word}",
-                                                   converged=certifies and bool(r["n_converged"] == r["n_students"]))]
+                                                   converged=certifies and bool(r["n_converged"] == r["n_students"]),
+                                                   certified=_count(r) if certifies else None)]
     elif "calibration" in chapter.SHOWN_PARTS:
         cal = {kind: run for kind, run in chapter.calibration_parts(parts).items() if run is not None}
         if cal:
@@ -343,7 +351,7 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
         for claim, ms in looped_views.measurements(looped_toy).items():
             out[claim] = [Measurement(f"looped students of the {m['teacher']} teacher, ℓ = {m['depths']} (T = 1)",
                                       m["value"], m["lo"], m["hi"], looped_toy.profile, m["note"],
-                                      converged=m["certified"]) for m in ms]
+                                      converged=m["certified"], certified=m["certified_of"]) for m in ms]
     certified_text = parts.get("text_certified")
     if certified_text is not None:      # the families at chapter 6's certified budget
         from depthlib.compose import text_certified_views
@@ -558,14 +566,39 @@ PLACEHOLDER_BOX = ("```{warning}\n**Placeholder numbers.** This page was built f
                    "the book's results.\n```")
 
 
-def book_page(profile: str = "cpu", *, rerun: bool = False) -> str:
-    """The verdict as the book's intro includes it: the count of each status, the table, how a status is decided, and
-    how reduced the runs are. Regenerated at every build, so a recomputed run changes it."""
-    rows = verdict(profile, rerun=rerun)
+def tally(rows: Sequence[Row]) -> str:
+    """How many claims have each status: "20 claims: 2 reproduced, …, 1 contradicted"."""
     counts = pd.Series([r.status for r in rows]).value_counts()
-    tally = ", ".join(f"{counts[s]} {s}" for s in STATUSES if s in counts)
+    return f"{len(rows)} claims: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if s in counts)
+
+
+def substitutions(rows: Sequence[Row]) -> dict[str, str]:
+    """What the hand-written pages quote from the verdict, by name, for MyST's ``{{ name }}`` substitutions (the book build
+    puts them in the staged ``_config.yml``): ``tally`` (:func:`tally`), ``n_<status>`` (spaces as ``_``), and for each
+    claim ``<key>_status``, ``<key>_value`` (its numbers as the table prints them, "; "-joined with the model where a
+    row has several; "no run" without one) and ``<key>_certified`` ("2 of 18" where the number comes from students a
+    continuation certifies, else "no certificate"). Every name exists for every profile. So a recomputed run changes the
+    prose that quotes it, as it changes the table."""
+    out = {"tally": tally(rows)}
+    out |= {f"n_{s.replace(' ', '_')}": str(sum(r.status == s for r in rows)) for s in STATUSES}
+    for r in rows:
+        k, shown = r.claim.key, numbers(r)
+        out[f"{k}_status"] = r.status
+        out[f"{k}_value"] = ("no run" if not shown else next(iter(shown.values())) if len(shown) == 1
+                             else "; ".join(f"{model}: {n}" for model, n in shown.items()))
+        counts = [m.certified for m in r.measurements if m.certified is not None]
+        out[f"{k}_certified"] = (f"{sum(c for c, _ in counts)} of {sum(n for _, n in counts)}" if counts
+                                 else "no certificate")
+    return out
+
+
+def book_page(profile: str = "cpu", *, rerun: bool = False, rows: Sequence[Row] | None = None) -> str:
+    """The verdict as the book's intro includes it: the count of each status, the table, how a status is decided, and
+    how reduced the runs are. Regenerated at every build, so a recomputed run changes it. ``rows``: the verdict of
+    ``profile`` if already computed."""
+    rows = verdict(profile, rerun=rerun) if rows is None else rows
     lines = [PLACEHOLDER_BOX, ""] if profile == "smoke" else []
-    lines += [f"**{len(rows)} claims: {tally}.**", "", "```{container} verdict", markdown(rows), "```", "", RULE_TEXT,
+    lines += [f"**{tally(rows)}.**", "", "```{container} verdict", markdown(rows), "```", "", RULE_TEXT,
               "",
              f"**How reduced these runs are** (profile `{profile}`; every number above can change at the paper's "
              "scale):", ""]

@@ -4,6 +4,8 @@ The intro's summary ("What the book concludes today") and the theory page are pr
 answers, tables and conclusions are generated from the committed runs. Every interval ("2.59 [2.57, 2.60]"), count
 ("2 of 18") and range of per cent ("4.3–11.7 %") the hand-written pages state must therefore appear in a committed
 notebook's outputs, so that a recomputed run whose numbers move makes this test fail until the prose is mended.
+What the pages quote from the verdict is not written by hand: ``{{ name }}`` is a MyST substitution the build fills in
+from the verdict (:func:`depthlib.verdict.substitutions`); the pages are checked as rendered from the committed runs.
 (The verdict table the intro includes is generated at build time: tests/test_verdict.py.)
 """
 from __future__ import annotations
@@ -40,6 +42,21 @@ def printed(notebooks: list[Path]) -> str:
     return _flat("\n".join(out))
 
 
+SUBSTITUTION = re.compile(r"{{\s*(\w+)\s*}}")
+
+
+def rendered(page: str, substitutions: dict[str, str]) -> str:
+    """``page`` as the book shows it: every ``{{ name }}`` replaced by its substitution."""
+    return SUBSTITUTION.sub(lambda m: substitutions[m.group(1)], page)
+
+
+@pytest.fixture(scope="module")
+def substitutions() -> dict[str, str]:
+    """What the book build substitutes (:func:`depthlib.book.write_verdict`), from the committed ``cpu`` runs."""
+    from depthlib import verdict
+    return verdict.substitutions(verdict.verdict("cpu"))
+
+
 def unprinted(page: str, chapters: str) -> list[str]:
     """The intervals, counts and ranges ``page`` states that ``chapters`` (:func:`printed`) does not print."""
     stated = dict.fromkeys(STATED.findall(_flat(page)))
@@ -53,9 +70,23 @@ def test_a_number_the_chapters_do_not_print_is_found():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_hand_written_pages_state_only_numbers_the_chapters_print(page):
+def test_every_substitution_a_page_quotes_is_one_the_verdict_gives(page, substitutions):
+    quoted = set(SUBSTITUTION.findall(page.read_text(encoding="utf-8")))
+    assert quoted <= set(substitutions), f"{page.name} quotes unknown substitutions {sorted(quoted - set(substitutions))}"
+
+
+def test_the_intro_quotes_its_calibration_numbers_and_statuses_from_the_verdict():
+    """The numbers and statuses the intro's summary rests on are generated, not typed: the tally, the calibration's
+    three rows and the looped toy's two."""
+    quoted = set(SUBSTITUTION.findall((ROOT / "book" / "intro.md").read_text(encoding="utf-8")))
+    assert {"tally", "tied_alpha_value", "independent_alpha_value", "tied_minus_independent_value",
+            "tied_minus_independent_status", "tied_alpha_certified", "looped_toy_flow_value"} <= quoted
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_hand_written_pages_state_only_numbers_the_chapters_print(page, substitutions):
     chapters = printed(sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
-    text = page.read_text(encoding="utf-8")
+    text = rendered(page.read_text(encoding="utf-8"), substitutions)
     assert not unprinted(text, chapters), (
         f"{page.name} states numbers no committed chapter prints (a run moved, or the prose is wrong): "
         f"{unprinted(text, chapters)}")

@@ -8,6 +8,7 @@ copies keep of the outputs (no nbval-ignored figures in the committed notebooks,
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -164,6 +165,13 @@ def test_build_writes_html_under_out_and_passes_profile_and_rerun(tmp_path, monk
     assert sorted(p.name for p in (tmp_path / "out" / "stage" / "notebooks").iterdir()) == \
         sorted(p.name for p in committed)
     assert {p: p.stat().st_mtime_ns for p in book.notebook_paths()} == committed
+    # the staged configuration is the repository's plus the substitutions the intro quotes from the verdict
+    import yaml
+    staged = yaml.safe_load((tmp_path / "out" / "stage" / "_config.yml").read_text(encoding="utf-8"))
+    own = yaml.safe_load((book.REPO_ROOT / "_config.yml").read_text(encoding="utf-8"))
+    assert staged["execute"] == own["execute"] and staged["sphinx"] == own["sphinx"]
+    quoted = set(re.findall(r"{{\s*(\w+)\s*}}", (book.REPO_ROOT / "book" / "intro.md").read_text(encoding="utf-8")))
+    assert quoted and quoted <= set(staged["parse"]["myst_substitutions"])
 
 
 def test_book_command_has_rerun():

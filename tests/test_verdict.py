@@ -300,3 +300,20 @@ def test_a_row_that_differs_says_by_how_much_and_the_calibration_difference_is_a
         got = {r.claim.key: r for r in verdict.verdict("cpu", rerun=True, chapters=[3])}["tied_minus_independent"]
         assert got.measurements[0].value == 1.9 and got.status == expected
         shutil.rmtree(run.path)
+
+
+def test_substitutions_quote_the_table_and_exist_for_every_claim():
+    """What the intro quotes ({{ name }}) is the table's own text, and every name exists even without a run."""
+    by_key = {c.key: c for c in verdict.CLAIMS}
+    rows = [verdict.Row(by_key["tied_alpha"], [verdict.Measurement("toy", 2.5, 2.4, 2.6, "cpu", certified=(2, 18))]),
+            verdict.Row(by_key["middle_angle"], [verdict.Measurement("a", 0.31, 0.30, 0.32),
+                                                 verdict.Measurement("b", 0.29, 0.28, 0.30)]),
+            verdict.Row(by_key["series_alpha"], [])]
+    subs = verdict.substitutions(rows)
+    assert subs["tied_alpha_value"] == "2.50 [2.40, 2.60]" and subs["tied_alpha_certified"] == "2 of 18"
+    assert subs["tied_alpha_status"] == rows[0].status == "differs"
+    assert subs["middle_angle_value"] == "a: 0.31 [0.30, 0.32]; b: 0.29 [0.28, 0.30]"
+    assert subs["middle_angle_certified"] == "no certificate"
+    assert (subs["series_alpha_value"], subs["series_alpha_status"]) == ("no run", "not tested here")
+    assert subs["tally"] == "3 claims: 2 differs, 1 not tested here" and subs["n_differs"] == "2"
+    assert subs["n_reproduced"] == "0"

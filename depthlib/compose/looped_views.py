@@ -561,8 +561,8 @@ def plateau_display(run) -> pd.DataFrame:
 def measurements(run) -> dict[str, list[dict]]:
     """What the book's verdict reads from this part at T = 1 (claim → one dict per teacher): the tied teacher's
     looped envelope α_ℓ (``looped_toy_flow``) and the independent teacher's local exponent between the two deepest
-    depths (``looped_toy_plateau``, :func:`plateau_table`), each with its 95 % t interval over replicates and whether
-    every student behind it is certified."""
+    depths (``looped_toy_plateau``, :func:`plateau_table`), each with its 95 % t interval over replicates, whether
+    every student behind it is certified and how many are (``certified_of``: (certified, of))."""
     summary, looped, out = _table(run, "alpha_summary"), _looped(run), {}
     for teacher, temp in _cells(run):
         if temp != 1.0:
@@ -574,6 +574,7 @@ def measurements(run) -> dict[str, list[dict]]:
             out.setdefault("looped_toy_flow", []).append({
                 "teacher": teacher, "depths": _depths(own["depth"]), "value": float(env["alpha"]),
                 "lo": float(env["lo"]), "hi": float(env["hi"]), "certified": n_c == len(own),
+                "certified_of": (n_c, len(own)),
                 "note": f"α_ℓ of the envelope, 95 % t interval over {int(env['replicates'])} replicates; "
                         f"{n_c} of {len(own)} students certified"})
         elif teacher == "independent":
@@ -584,6 +585,7 @@ def measurements(run) -> dict[str, list[dict]]:
                 "teacher": teacher, "depths": f"{int(p['depth_from'])} → {int(p['depth_to'])}",
                 "value": float(p["slope"]), "lo": float(p["lo"]), "hi": float(p["hi"]),
                 "certified": bool(p["all_certified"]),
+                "certified_of": (int(p["n_certified"]), int(p["n_students"])),
                 "note": f"local exponent −Δlog L/Δlog ℓ, 95 % t interval over replicates; {int(p['n_certified'])} of "
                         f"{int(p['n_students'])} students at those depths certified"})
     return out
