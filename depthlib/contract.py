@@ -13,6 +13,8 @@ Every chapter package (:data:`depthlib.chapters.CHAPTERS`) has a module ``<packa
                 the provenance and settings the chapter's text states about a run
 ``summary(run) -> dict``
                 the key numbers of a run, JSON-able: what the ``depthlib`` command prints
+``reduction(profile) -> str``
+                how a profile's runs are reduced against the paper's: the chapter's line in the verdict's list
 ``COMPUTE``     ``{experiment: "module:function"}``: the compute entry of each experiment's runs; the code modules a
                 run's numbers depend on are derived from its imports (:func:`depthlib.results.compute_modules`)
 
@@ -26,7 +28,7 @@ import typing
 from typing import Any, TypeVar, Union
 
 #: the names every chapter module defines
-NAMES = ("PROFILES", "runs", "compute", "replay", "describe", "summary", "COMPUTE")
+NAMES = ("PROFILES", "runs", "compute", "replay", "describe", "summary", "reduction", "COMPUTE")
 
 T = TypeVar("T")
 

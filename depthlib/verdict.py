@@ -496,68 +496,12 @@ def chapter_summary(chapter: int, profile: str = "cpu", *, rerun: bool = False) 
     return "\n".join(lines)
 
 
-CORPORA = {"sotu": "State of the Union addresses", "fineweb": "FineWeb"}
-
-
 def reductions(profile: str = "cpu") -> list[str]:
-    """One line per chapter: how the ``profile``'s runs are reduced against the paper's (steps, tokens, models,
-    replicates), read from the chapters' ``PROFILES`` tables."""
-    from depthlib.compose import chapter as c7
-    from depthlib.interventions import chapter as c5
-    from depthlib.lm import chapter as c6
-    from depthlib.probes import chapter as c2
-    from depthlib.scaling import chapter as c1
-    from depthlib.toy import chapter as c3
-    from depthlib.tracing import chapter as c4
+    """One line per chapter (:data:`depthlib.chapters.CHAPTERS`): how the ``profile``'s runs are reduced against the
+    paper's (steps, tokens, models, replicates), each chapter's own ``reduction``, read from its ``PROFILES``."""
+    from depthlib import chapters
     results.check_profile(profile)
-    p1, p2, p3, p4, p5, p6, p7 = (c.PROFILES[profile] for c in (c1, c2, c3, c4, c5, c6, c7))
-    cal, cal_paper = p3.calibration[0], c3.PROFILES["paper"].calibration[0]
-    conv, cert = p3.converged, p3.certified
-    tc = p7.text_certified
-    c6 = p6.converged
-    toy = p7.toy_certified if "toy_certified" in c7.SHOWN_PARTS else p7.toy
-    q2 = c2.PROFILES["paper"]
-    return [
-        f"**1.** Not reduced: the paper's data (245 Chinchilla runs) and objective; {p1.n_bootstrap:,} converged "
-        "bootstrap resamples (the paper's bootstrap ran 10,000 Adam steps).",
-        f"**2.** {', '.join(p2.models)} (offline 4-bit weights) on {p2.n_docs} documents × ≤ {p2.config.max_length} "
-        f"tokens of {CORPORA.get(p2.corpus, p2.corpus)}; the paper: {len(q2.models)} Pythia models on "
-        f"{q2.n_docs:,} × {q2.config.max_length} tokens of FineWeb. Two unrelated models are not a depth series.",
-        f"**3.** Calibration: {cal.steps:,} steps (paper {cal_paper.steps:,}), depths {list(cal.depths)} (paper "
-        f"{list(cal_paper.depths)}), {cal.replicates} replicate(s) (paper {cal_paper.replicates}), T = 1 only; the "
-        f"phase diagram {p3.sweep.steps:,} steps × batch {p3.sweep.batch}, {p3.sweep.replicates} replicate(s). " + (
-            f"The certified protocol: {len(cert.depths)} depths, every route {cert.steps:,} steps × batch "
-            f"{cert.batch} at every depth, continued by half its steps so far until a continuation gains < "
-            f"{100 * cert.gain_below:g} % (at most {cert.max_continuations} times), "
-            f"{max(int(c[2]) for c in cert.cells)} replicate(s) per cell (paper profile: "
-            f"{c3.PROFILES['paper'].certified.steps:,} steps × {c3.PROFILES['paper'].certified.batch})."
-            if "certified" in c3.SHOWN_PARTS else
-            f"The converged protocol: {len(conv.depths)} depths, the deepest student {conv.steps_deepest:,} steps × "
-            f"batch {conv.batch} (a depth-ℓ one up to {conv.max_step_factor:g}× more), several routes per student, "
-            f"{max(int(c[2]) for c in conv.cells)} replicate(s) at T = 1."),
-        f"**4.** {', '.join(p4.models)}: the heat maps of {p4.n_prompts} prompt(s) with {p4.samples} noise samples, "
-        f"the fact-set average over {p4.n_facts} facts with {p4.fact_samples or p4.samples} noise samples; the paper: "
-        "Pythia-12b, one prompt, one noise draw.",
-        f"**5.** {', '.join(p5.models)} and chapter 3's toy students, {p5.n_docs} documents × "
-        f"{p5.config.max_length} tokens (the last {p5.config.score_last} scored); " + "; ".join(
-            f"{m}: k = {', '.join(map(str, p5.config_for(m).suite.ks))} blocks deleted, {p5.config_for(m).suite.draws} "
-            "draws each" for m in p5.models) + "; no single-block deletions on the LMs (not in the paper).",
-        f"**6.** The series the verdict reads: width {c6.model.d_model}, depths {list(c6.depths)}, {len(c6.seeds)} "
-        f"seed(s), {c6.train.steps:,} steps × {c6.train.batch_size} × {c6.model.context} tokens per member and up to "
-        f"{c6.max_continuations} continuations of half the steps so far; the 2 M-token series: width "
-        f"{p6.series.model.d_model}, depths {list(p6.series.depths)}, {p6.series.train.steps:,} steps × "
-        f"{p6.series.train.batch_size} × {p6.series.model.context} tokens per model, {len(p6.series.seeds)} seed(s) "
-        "(not in the paper).",
-        f"**7.** The grammar (v, m, s, L) = ({p7.run.grammar.v}, {p7.run.grammar.m}, {p7.run.grammar.s}, "
-        f"{p7.run.grammar.L}) at width {p7.run.model.d_model}, effective depths {min(p7.run.depths)}–{max(p7.run.depths)}, "
-        f"{len(p7.run.seeds)} replicate(s), {p7.run.train.steps:,} steps × {p7.run.train.batch_size} sequences per "
-        f"member; on text chapter 6's converged series with its blocks looped and tied (width "
-        f"{tc.series.model.d_model}, effective depths {min(tc.depths)}–{max(tc.depths)}, {len(tc.seeds)} seed(s), "
-        f"{tc.series.train.steps:,} steps × {tc.series.train.batch_size} × {tc.series.model.context} tokens per member "
-        f"and up to {tc.series.max_continuations} continuations); "
-        f"looped toy students at depths {min(toy.protocol.depths)}–{max(toy.protocol.depths)}, "
-        f"{max(int(c[2]) for c in toy.protocol.cells)} replicate(s) (not in the paper).",
-    ]
+    return [f"**{c.number}.** {c.module.reduction(profile)}" for c in chapters.CHAPTERS]
 
 
 #: the box every page built from ``smoke`` runs carries

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from depthlib import book, chapters, cli
+from depthlib import book, chapters, cli, verdict
 from depthlib.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +115,13 @@ def test_the_book_build_follows_the_registry(tiny, tmp_path):
     assert staged[0].read_bytes() == book.book_view(committed).read_bytes()
 
 
+def test_the_verdicts_list_of_reductions_follows_the_registry(tiny):
+    """The verdict's "how reduced" list has one line per chapter, the registered one's from its own ``reduction``."""
+    lines = verdict.reductions("smoke")
+    assert [line.split("**")[1] for line in lines] == [f"{c.number}." for c in chapters.CHAPTERS]
+    assert lines[-1] == f"**{tiny.number}.** 3 numbers (the paper profile: 1000)"
+
+
 def test_the_table_of_contents_lists_exactly_the_registrys_notebooks():
     """``_toc.yml`` is the table of contents the book is built with (``book.table_of_contents``): its chapters are
     the registry's notebooks, in order."""
@@ -135,7 +142,7 @@ def test_register_refuses_what_is_not_a_chapter_of_its_own(tiny, tmp_path, monke
     half.mkdir()
     (half / "__init__.py").write_text("")
     (half / "chapter.py").write_text("PROFILES = {}\n")
-    with pytest.raises(InputError, match="lacks runs, compute, replay, describe, summary, COMPUTE"):
+    with pytest.raises(InputError, match="lacks runs, compute, replay, describe, summary, reduction, COMPUTE"):
         chapters.register(chapters.Chapter(99, "halfchapter", "half", ("halfchapter",), package="halfchapter"))
     before = chapters.CHAPTERS
     chapters.unregister("toy")                                          # the book's own chapters stay

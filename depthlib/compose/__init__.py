@@ -11,6 +11,6 @@ diagnostics (§2.7) and chapter 5's edits on them (:mod:`depthlib.compose.diagno
 model and training loop (:mod:`depthlib.compose.text_certified`), and looped students in chapter 3's toy
 (:mod:`depthlib.compose.looped`), trained and certified by chapter 3's certified protocol
 (:mod:`depthlib.compose.looped_certified`) and read by :mod:`depthlib.compose.looped_views`.
-:mod:`depthlib.compose.analysis` holds
-the chapter's views of the runs, :mod:`depthlib.compose.chapter` its glue (the chapter contract).
+:mod:`depthlib.compose.analysis` holds the chapter's views of the runs, :mod:`depthlib.compose.chapter` its glue
+(the chapter contract).
 """

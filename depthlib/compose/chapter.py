@@ -492,6 +492,20 @@ def replay_text_certified(run: results.Run) -> pd.DataFrame:
     return _replayed_losses(run, mine, curve, (0, first), {"family": family, "depth": depth, "seed": seed})
 
 
+def reduction(profile: str) -> str:
+    """How ``profile``'s runs are reduced against the paper's: one line of the verdict's "how reduced" list."""
+    p = PROFILES[profile]
+    g, tc, toy = p.run.grammar, p.text_certified, p.toy_certified
+    return (f"The grammar (v, m, s, L) = ({g.v}, {g.m}, {g.s}, {g.L}) at width {p.run.model.d_model}, effective depths "
+            f"{min(p.run.depths)}–{max(p.run.depths)}, {len(p.run.seeds)} replicate(s), {p.run.train.steps:,} steps × "
+            f"{p.run.train.batch_size} sequences per member; on text chapter 6's converged series with its blocks "
+            f"looped and tied (width {tc.series.model.d_model}, effective depths {min(tc.depths)}–{max(tc.depths)}, "
+            f"{len(tc.seeds)} seed(s), {tc.series.train.steps:,} steps × {tc.series.train.batch_size} × "
+            f"{tc.series.model.context} tokens per member and up to {tc.series.max_continuations} continuations); "
+            f"looped toy students at depths {min(toy.protocol.depths)}–{max(toy.protocol.depths)}, "
+            f"{max(int(c[2]) for c in toy.protocol.cells)} replicate(s) (not in the paper).")
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == TOY_CERTIFIED_EXPERIMENT:

@@ -592,11 +592,11 @@ def measurements(run) -> dict[str, list[dict]]:
 
 
 # ---- hidden-state signatures ------------------------------------------------------------------------------------------
-def signature_means(looped, temperature: float = 1.0) -> pd.DataFrame:
+def signature_means(run, temperature: float = 1.0) -> pd.DataFrame:
     """Per (net, teacher, depth) at ``temperature``: the middle-block step angle θ(h_l, h_{l+1}), the update angle
     θ(Δh_l, Δh_{l+1}) and the long-lag cosine (k ≥ ℓ/4) of the looped students (the certified envelope) and their teachers
     (:func:`depthlib.toy.analysis.signature_summary`), each the mean over replicates with its 95 % t interval."""
-    sig, lag = looped.table("signatures"), looped.table("lags")
+    sig, lag = run.table("signatures"), run.table("lags")
     keep = np.isclose(sig["temperature"], temperature)
     per = toy_analysis.signature_summary(sig[keep], lag[np.isclose(lag["temperature"], temperature)])
     per = per.merge(sig[keep][["net", "rho", "teacher"]].drop_duplicates(), on=["net", "rho"], how="left")

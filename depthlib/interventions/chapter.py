@@ -136,6 +136,16 @@ def compute(model: str, corpus: str = "sotu", n_docs: int = 32, config: Interven
                              force=force)
 
 
+def reduction(profile: str) -> str:
+    """How ``profile``'s runs are reduced against the paper's: one line of the verdict's "how reduced" list."""
+    p = PROFILES[profile]
+    return (f"{', '.join(p.models)} and chapter 3's toy students, {p.n_docs} documents × {p.config.max_length} tokens "
+            f"(the last {p.config.score_last} scored); " + "; ".join(
+                f"{m}: k = {', '.join(map(str, p.config_for(m).suite.ks))} blocks deleted, "
+                f"{p.config_for(m).suite.draws} draws each" for m in p.models)
+            + "; no single-block deletions on the LMs (not in the paper).")
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     c = run.config

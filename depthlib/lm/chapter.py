@@ -297,6 +297,17 @@ def summary_converged(run: results.Run) -> dict:
             "models": [str(paths.cache_dir() / f) for f in run.table("members")["folder"]]}
 
 
+def reduction(profile: str) -> str:
+    """How ``profile``'s runs are reduced against the paper's: one line of the verdict's "how reduced" list."""
+    p = PROFILES[profile]
+    c, s = p.converged, p.series
+    return (f"The series the verdict reads: width {c.model.d_model}, depths {list(c.depths)}, {len(c.seeds)} "
+            f"seed(s), {c.train.steps:,} steps × {c.train.batch_size} × {c.model.context} tokens per member and up to "
+            f"{c.max_continuations} continuations of half the steps so far; the 2 M-token series: width "
+            f"{s.model.d_model}, depths {list(s.depths)}, {s.train.steps:,} steps × {s.train.batch_size} × "
+            f"{s.model.context} tokens per model, {len(s.seeds)} seed(s) (not in the paper).")
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == CONVERGED_EXPERIMENT:

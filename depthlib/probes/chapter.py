@@ -459,6 +459,19 @@ def check_finite(run: results.Run, *, delete: bool = True) -> results.Run:
                          + kept)
 
 
+#: the corpora as the book's prose names them
+CORPUS_NAMES = {"sotu": "State of the Union addresses", "fineweb": "FineWeb"}
+
+
+def reduction(profile: str) -> str:
+    """How ``profile``'s runs are reduced against the paper's: one line of the verdict's "how reduced" list."""
+    p, paper = PROFILES[profile], PROFILES["paper"]
+    return (f"{', '.join(p.models)} (offline 4-bit weights) on {p.n_docs} documents × ≤ {p.config.max_length} "
+            f"tokens of {CORPUS_NAMES.get(p.corpus, p.corpus)}; the paper: {len(paper.models)} Pythia models on "
+            f"{paper.n_docs:,} × {paper.config.max_length} tokens of FineWeb. Two unrelated models are not a depth "
+            "series.")
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     c = run.config

@@ -190,6 +190,13 @@ def replay(run: results.Run, n_resamples: int = 3, data_path: str | Path | None 
     return pd.DataFrame(rows)
 
 
+def reduction(profile: str) -> str:
+    """How ``profile``'s runs are reduced against the paper's: one line of the verdict's "how reduced" list."""
+    p = PROFILES[profile]
+    return ("Not reduced: the paper's data (245 Chinchilla runs) and objective; "
+            f"{p.n_bootstrap:,} converged bootstrap resamples (the paper's bootstrap ran 10,000 Adam steps).")
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     c = run.manifest.get("config", {})

@@ -362,6 +362,25 @@ def config_of(run: results.Run) -> SweepConfig:
     return from_dict(SweepConfig, run.config)
 
 
+def reduction(profile: str) -> str:
+    """How ``profile``'s runs are reduced against the paper's: one line of the verdict's "how reduced" list."""
+    p, paper = PROFILES[profile], PROFILES["paper"]
+    cal, cal_paper = p.calibration[0], paper.calibration[0]
+    conv, cert = p.converged, p.certified
+    return (f"Calibration: {cal.steps:,} steps (paper {cal_paper.steps:,}), depths {list(cal.depths)} (paper "
+            f"{list(cal_paper.depths)}), {cal.replicates} replicate(s) (paper {cal_paper.replicates}), T = 1 only; the "
+            f"phase diagram {p.sweep.steps:,} steps × batch {p.sweep.batch}, {p.sweep.replicates} replicate(s). " + (
+                f"The certified protocol: {len(cert.depths)} depths, every route {cert.steps:,} steps × batch "
+                f"{cert.batch} at every depth, continued by half its steps so far until a continuation gains < "
+                f"{100 * cert.gain_below:g} % (at most {cert.max_continuations} times), "
+                f"{max(int(c[2]) for c in cert.cells)} replicate(s) per cell (paper profile: "
+                f"{paper.certified.steps:,} steps × {paper.certified.batch})."
+                if "certified" in SHOWN_PARTS else
+                f"The converged protocol: {len(conv.depths)} depths, the deepest student {conv.steps_deepest:,} steps × "
+                f"batch {conv.batch} (a depth-ℓ one up to {conv.max_step_factor:g}× more), several routes per student, "
+                f"{max(int(c[2]) for c in conv.cells)} replicate(s) at T = 1."))
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     m = run.manifest

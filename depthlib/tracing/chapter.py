@@ -333,6 +333,14 @@ def replay(run: results.Run) -> pd.DataFrame:
     return out.merge(replayed[[*keys, "p"]].rename(columns={"p": "replayed"}), on=keys, how="left")
 
 
+def reduction(profile: str) -> str:
+    """How ``profile``'s runs are reduced against the paper's: one line of the verdict's "how reduced" list."""
+    p = PROFILES[profile]
+    return (f"{', '.join(p.models)}: the heat maps of {p.n_prompts} prompt(s) with {p.samples} noise samples, "
+            f"the fact-set average over {p.n_facts} facts with {p.fact_samples or p.samples} noise samples; the "
+            "paper: Pythia-12b, one prompt, one noise draw.")
+
+
 def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     c = run.config
