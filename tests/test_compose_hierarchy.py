@@ -549,6 +549,8 @@ def test_smoke_run_views_figures_and_answer(smoke_run):
         assert f"* {r.claim} — **{r.status}**" in text, r.key
     certified_row = rows.set_index("key").loc["certified"]
     assert certified_row["status"] == ("holds" if members["certified"].all() else "contradicted")
+    unseen = rows.set_index("key").loc["unseen"]
+    assert hv.unseen_text(run) == f"**Held-out check ({unseen['status']}):** {unseen['measured']}."
     # the diagnostics and chapter 5's edits: tables, figures and the generated reading, on the real run's tables
     diag = hv.diagnostic_numbers(run)
     leaf = members[members["task"] == "leaf"]

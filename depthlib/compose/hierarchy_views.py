@@ -48,7 +48,7 @@ __all__ = ["BREAK_MARGIN", "DELETE_EDGE", "EDITS", "EDIT_KEYS", "EDIT_UNITS", "F
            "STATUSES", "answer", "baseline_table", "certification_table", "diagnostic_numbers", "diagnostics_table",
            "diagnostics_text", "edit_costs", "edits_table", "exponent_table", "gains_table", "lag_profiles",
            "layer_profiles", "loss_table", "measurements", "round_table", "separation_rows", "settings_table",
-           "slope_change_table", "verdict_rows", "verdict_table", "zero_error_depths"]
+           "slope_change_table", "unseen_text", "verdict_rows", "verdict_table", "zero_error_depths"]
 
 STATUSES = ("holds", "contradicted", "undecided")
 #: "far above": the best n-gram's excess must be at least this many times the deepest untied member's
@@ -455,6 +455,13 @@ def _break_row(source, task: str) -> dict:
     else:
         status, reason = "undecided", "the change is not resolved (an interval contains 0) and not ruled out"
     return _row(f"{task}_break", claim, prediction, contradict, measured, status, reason)
+
+
+def unseen_text(source) -> str:
+    """The held-out check in one line of Markdown: its status and what was compared (:func:`verdict_rows`'s
+    ``unseen`` row)."""
+    unseen = verdict_rows(source).set_index("key").loc["unseen"]
+    return f"**Held-out check ({unseen['status']}):** {unseen['measured']}."
 
 
 def verdict_rows(source) -> pd.DataFrame:
