@@ -334,7 +334,7 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
         for claim, ms in hierarchy_views.measurements(hierarchy).items():
             out[claim] = [Measurement(f"{m['family']}, effective depths {m['depths']} (unseen RHM; {what[m['task']]})",
                                       m["value"], m["lo"], m["hi"], hierarchy.profile, m["note"],
-                                      converged=m["certified"]) for m in ms]
+                                      converged=m["certified"], certified=m["certified_of"]) for m in ms]
     elif run is not None:
         # its members met a rule of little change at the end of their schedule, which certifies nothing (chapter 3)
         for r in analysis.alpha_table(run).itertuples():
@@ -358,7 +358,7 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
         out["looped_text"] = [
             Measurement(f"{m['family']}, effective depths {m['depths']} (text at chapter 6's certified budget; "
                         "L∞ + c·ℓ^−α)", m["value"], m["lo"], m["hi"], certified_text.profile, m["note"],
-                        converged=m["certified"])
+                        converged=m["certified"], certified=m["certified_of"])
             for m in text_certified_views.measurements(certified_text)]
     return out
 
@@ -520,20 +520,25 @@ def substitutions(rows: Sequence[Row]) -> dict[str, str]:
     """What the hand-written pages quote from the verdict, by name, for MyST's ``{{ name }}`` substitutions (the book build
     puts them in the staged ``_config.yml``): ``tally`` (:func:`tally`), ``n_<status>`` (spaces as ``_``), and for each
     claim ``<key>_status``, ``<key>_value`` (its numbers as the table prints them, "; "-joined with the model where a
-    row has several; "no run" without one) and ``<key>_certified`` ("2 of 18" where the number comes from students a
-    continuation certifies, else "no certificate"). Every name exists for every profile. So a recomputed run changes the
-    prose that quotes it, as it changes the table."""
+    row has several; "no run" without one) and ``<key>_certified`` ("2 of 18" students or members certified where a
+    continuation certifies them, per model as the values; else "no certificate"). Every name exists for every profile.
+    So a recomputed run changes the prose that quotes it, as it changes the table."""
     out = {"tally": tally(rows)}
     out |= {f"n_{s.replace(' ', '_')}": str(sum(r.status == s for r in rows)) for s in STATUSES}
     for r in rows:
         k, shown = r.claim.key, numbers(r)
         out[f"{k}_status"] = r.status
-        out[f"{k}_value"] = ("no run" if not shown else next(iter(shown.values())) if len(shown) == 1
-                             else "; ".join(f"{model}: {n}" for model, n in shown.items()))
-        counts = [m.certified for m in r.measurements if m.certified is not None]
-        out[f"{k}_certified"] = (f"{sum(c for c, _ in counts)} of {sum(n for _, n in counts)}" if counts
-                                 else "no certificate")
+        out[f"{k}_value"] = _per_model(shown, "no run")
+        out[f"{k}_certified"] = _per_model({m.model: f"{m.certified[0]} of {m.certified[1]}" for m in r.measurements
+                                            if m.certified is not None}, "no certificate")
     return out
+
+
+def _per_model(texts: dict[str, str], none: str) -> str:
+    """One model's text as it is; several models' "; "-joined, each with its model; ``none`` without any."""
+    if len(texts) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"{model}: {text}" for model, text in texts.items()) or none
 
 
 def book_page(profile: str = "cpu", *, rerun: bool = False, rows: Sequence[Row] | None = None) -> str:

@@ -314,6 +314,9 @@ def test_substitutions_quote_the_table_and_exist_for_every_claim():
     assert subs["tied_alpha_status"] == rows[0].status == "differs"
     assert subs["middle_angle_value"] == "a: 0.31 [0.30, 0.32]; b: 0.29 [0.28, 0.30]"
     assert subs["middle_angle_certified"] == "no certificate"
+    rows[1] = verdict.Row(by_key["middle_angle"], [verdict.Measurement("a", 0.3, certified=(1, 2)),
+                                                   verdict.Measurement("b", 0.3, certified=(0, 3))])
+    assert verdict.substitutions(rows)["middle_angle_certified"] == "a: 1 of 2; b: 0 of 3"   # per model, never summed
     assert (subs["series_alpha_value"], subs["series_alpha_status"]) == ("no run", "not tested here")
     assert subs["tally"] == "3 claims: 2 differs, 1 not tested here" and subs["n_differs"] == "2"
     assert subs["n_reproduced"] == "0"

@@ -495,7 +495,8 @@ def measurements(source) -> dict[str, list[dict]]:
     """What the book's verdict reads from this part (claim → one dict per task and family, :data:`VERDICT_EXPONENTS`):
     α_ℓ of the task's certified quantity over every effective depth with its 95 % t interval over replicates where
     the fit is shown (else no value, NaN, and why: a run that gives no exponent it can stand behind leaves the claim
-    undecided, not untested), and whether every member it rests on is certified."""
+    undecided, not untested), whether every member it rests on is certified and how many are (``certified_of``:
+    (certified, of))."""
     s = _table(source, "fit_stability")
     out: dict[str, list[dict]] = {}
     for claim, wanted in VERDICT_EXPONENTS.items():
@@ -516,7 +517,8 @@ def measurements(source) -> dict[str, list[dict]]:
                     "family": family, "task": task, "quantity": quantity,
                     "depths": ", ".join(str(int(d)) for d in sorted(mine["depth"].unique())),
                     "value": float(r["alpha"]) if shown else np.nan, "lo": float(r["lo"]) if shown else np.nan,
-                    "hi": float(r["hi"]) if shown else np.nan, "certified": shown and open_.empty, "note": note})
+                    "hi": float(r["hi"]) if shown else np.nan, "certified": shown and open_.empty,
+                    "certified_of": (len(mine) - len(open_), len(mine)), "note": note})
     return out
 
 

@@ -254,7 +254,8 @@ def difference_display(source) -> pd.DataFrame:
 def measurements(source) -> list[dict]:
     """What the verdict reads for the claim that reusing depth keeps α_ℓ below 2 (``looped_text``): per reused family,
     its α_ℓ and interval where it is shown, else no value (NaN) and the reason — a run that gives no exponent it can
-    stand behind leaves the claim undecided, not untested — the depths, and whether every member is certified."""
+    stand behind leaves the claim undecided, not untested — the depths, whether every member is certified and how many
+    are (``certified_of``: (certified, of))."""
     out = []
     for r in exponent_table(source).itertuples():
         if r.family == "untied":
@@ -263,6 +264,7 @@ def measurements(source) -> list[dict]:
         out.append({"family": r.family, "value": r.alpha if r.shown else np.nan,
                     "lo": r.lo if r.shown else np.nan, "hi": r.hi if r.shown else np.nan, "depths": r.depths,
                     "certified": bool(r.shown and r.n_certified == r.n_members),
+                    "certified_of": (int(r.n_certified), int(r.n_members)),
                     "note": (f"95 % paired bootstrap over held-out documents; {certified}" if r.shown
                              else f"{certified}; {r.family}: no exponent ({r.why_not})")})
     return out

@@ -480,17 +480,19 @@ def measurements(source) -> dict[str, list]:
         return "; ".join(dict.fromkeys(open_))
 
     alpha_open, theta_open = why("alpha", "alpha_sensitivity"), why("alpha_theta")
+    m = _members(source)
+    certified = (int(m["certified"].astype(bool).sum()), len(m))
     return {
         "series_alpha": [claims.Measurement(
             f"converged series ℓ = {depths}, {seeds} seeds", float(a["value"]), float(a["lo"]), float(a["hi"]),
             cfg.get("profile"), "95 % paired bootstrap over held-out documents and seeds; each member's best stage"
             + (f"; undecided: {alpha_open}" if alpha_open else "; every member certified"),
-            converged=not alpha_open)],
+            converged=not alpha_open, certified=certified)],
         "angle_depth": [claims.Measurement(
             f"converged series, {t['n_depths']} depths with middle blocks", t["value"],
             t["lo"] if np.isfinite(t["lo"]) else None, t["hi"] if np.isfinite(t["hi"]) else None, cfg.get("profile"),
             f"least-squares t interval over {t['n_depths']} points"
-            + (f"; undecided: {theta_open}" if theta_open else ""), converged=not theta_open)]}
+            + (f"; undecided: {theta_open}" if theta_open else ""), converged=not theta_open, certified=certified)]}
 
 
 def verdict_table(source) -> pd.DataFrame:
