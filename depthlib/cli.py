@@ -817,9 +817,6 @@ def _compose_settings(args) -> tuple[Any, tuple[str, ...] | None]:
     if not given:
         return resolve_settings(args, _chapter("compose"))
     args.part = args.part or "rhm"
-    if args.part == "toy":
-        raise InputError("--families, --depths and --seeds apply to the rhm, hierarchy and text_certified parts, not "
-                         "--part toy")
     if "families" in given:
         families = tuple(f.strip() for f in given["families"].split(",") if f.strip())
         if not families or any(f not in FAMILIES for f in families):

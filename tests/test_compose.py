@@ -296,3 +296,16 @@ def test_cli_part_with_families_and_depths_prints_its_summary(capsys, cache):
     assert set(out["losses"]) == {"untied"} and set(out["losses"]["untied"]) == {"1", "2"}
     assert out["alpha"]["untied (excess)"]["value"] is None
     assert out["alpha"]["untied (excess)"]["reason"] == "2 depths (the excess law needs 4)"
+
+
+def test_compute_takes_an_executor_as_chapters_3_and_6_do():
+    """compute(cfg, device, *, force, progress, executor): members train one per core by default, one at a time with
+    a serial executor, the joblib executor's workers at a time; another executor is one line, before anything trains."""
+    from depthlib.compose import chapter
+    from depthlib.executors import ExecutorConfig
+    assert chapter._jobs(None) is None and chapter._jobs(ExecutorConfig("serial")) == 1
+    assert chapter._jobs(ExecutorConfig("joblib", jobs=3)) == 3
+    with pytest.raises(InputError, match="serial or joblib, not submitit"):
+        chapter.compute(chapter.PROFILES["smoke"].hierarchy, executor=ExecutorConfig("submitit"))
+    with pytest.raises(InputError, match="serial or joblib, not submitit"):
+        chapter.runs("smoke", executor=ExecutorConfig("submitit"))

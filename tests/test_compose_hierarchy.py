@@ -14,6 +14,7 @@ from depthlib.compose import certify, fits, hierarchy, ngram, rhm, roots, unseen
 from depthlib.compose.model import GrammarModelConfig
 from depthlib.compose.train import GrammarTrainConfig
 from depthlib.errors import InputError
+from depthlib.executors import ExecutorConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -506,7 +507,7 @@ def smoke_run(tmp_path_factory):
     old = os.environ.get("DEPTHLIB_CACHE_DIR")
     os.environ["DEPTHLIB_CACHE_DIR"] = str(tmp_path_factory.mktemp("hierarchy-smoke"))
     try:
-        yield chapter.compute(chapter.PROFILES["smoke"].hierarchy, progress=False, jobs=1)
+        yield chapter.compute(chapter.PROFILES["smoke"].hierarchy, progress=False, executor=ExecutorConfig("serial"))
     finally:
         if old is None:
             os.environ.pop("DEPTHLIB_CACHE_DIR")

@@ -18,6 +18,7 @@ import torch
 from depthlib.compose import chapter
 from depthlib.compose.model import schedule
 from depthlib.errors import InputError
+from depthlib.executors import ExecutorConfig
 from depthlib.lm.families import build_family_model
 from depthlib.lm.model import ModelConfig, build_model, parameter_counts
 from depthlib.probes.tap import tap_hidden_states
@@ -86,7 +87,7 @@ def test_bad_settings_are_one_line_errors():
 def smoke_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:              # an empty results cache for this module's runs
         mp.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path_factory.mktemp("text-certified")))
-        yield chapter.compute(chapter.PROFILES["smoke"].text_certified, jobs=1, progress=False)
+        yield chapter.compute(chapter.PROFILES["smoke"].text_certified, executor=ExecutorConfig("serial"), progress=False)
 
 
 def test_the_tied_member_of_depth_one_is_chapter_sixs_untied_member(smoke_run):
@@ -237,7 +238,7 @@ def test_a_committed_chapter_6_run_is_extended_not_retrained(roots):
     kept = results.commit_run(six)
     shutil.rmtree(local_root / converged.EXPERIMENT)
     assert text_certified.series_run(cfg).path == kept                   # found, not computed
-    run = chapter.compute(cfg, jobs=1, progress=False)
+    run = chapter.compute(cfg, executor=ExecutorConfig("serial"), progress=False)
     assert not (local_root / converged.EXPERIMENT).exists()             # chapter 6 was not trained again
     assert run.manifest["series_run"] == f"{converged.EXPERIMENT}/{kept.name}"
     assert run.manifest["train_tokens"] == results.Run.load(kept).manifest["train_tokens"]

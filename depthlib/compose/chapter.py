@@ -178,14 +178,16 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
     return PROFILES[profile].run.validate()
 
 
-def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedCertifiedConfig, *, force: bool = False,
-            progress: bool = True, jobs: int | None = None, device: str = "cpu") -> results.Run:
-    """Train (or resume, or load) a run of ``cfg`` (its lifecycle is :func:`depthlib.compose.experiment.run_compose`'s,
-    for the hierarchy part :func:`depthlib.compose.hierarchy.run_hierarchy`'s and for the certified text part
-    :func:`depthlib.compose.text_certified.run_text_certified`'s, whose members train ``jobs`` at a time: default one
-    per core; the certified toy part's units are the units runner's, :func:`depthlib.units.train_units`, one process
-    per core).
+def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedCertifiedConfig, device: str = "cpu", *,
+            force: bool = False, progress: bool = True, executor=None) -> results.Run:
+    """Train (or resume, or load) a run of ``cfg``, as chapters 3 and 6 do (its lifecycle is
+    :func:`depthlib.compose.experiment.run_compose`'s, for the hierarchy part :func:`depthlib.compose.hierarchy.run_hierarchy`'s
+    and for the certified text part :func:`depthlib.compose.text_certified.run_text_certified`'s; the certified toy
+    part's units are the units runner's, :func:`depthlib.units.train_units`, one process per core). The hierarchy and
+    text parts train their members on local processes: one per core without an ``executor``, one at a time in this
+    process with ``ExecutorConfig("serial")``, the joblib executor's ``jobs`` at a time with it.
     ``device``: the hierarchy part's members may train on an accelerator; the other parts train on the CPU."""
+    jobs = _jobs(executor)
     runtime.configure_process(1)
     if isinstance(cfg, HierarchyConfig):
         return hierarchy.run_hierarchy(cfg, jobs=jobs or hierarchy.default_jobs(), device=device, force=force,
@@ -203,6 +205,18 @@ def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedC
         done = units.train_units(LOOPED_PROTOCOL, cfg, looped_units(cfg), device)
         return units.merge_units(LOOPED_PROTOCOL, cfg, done, started)
     return run_compose(cfg, force=force, progress=progress)
+
+
+def _jobs(executor) -> int | None:
+    """How many members of a part train at a time under ``executor`` (None: the part's default, one per core)."""
+    if executor is None:
+        return None
+    if executor.kind == "serial":
+        return 1
+    if executor.kind == "joblib":
+        return executor.jobs
+    raise InputError(f"chapter 7 trains its members on local processes: --executor serial or joblib, not "
+                     f"{executor.kind}")
 
 
 def looped_units(cfg: LoopedCertifiedConfig) -> list[dict]:
@@ -236,8 +250,8 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
          progress: bool = False, parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
     """``{"rhm": run, "hierarchy": run, "text_certified": run, "toy_certified": run}``: the runs chapter 7 shows for ``profile``
     (the one rule: :func:`depthlib.results.select_run`), each trained now (resumable) if there is none; ``parts``
-    chooses among them (:data:`PARTS`; default every part). Members train in this process on the CPU (``executor``
-    and ``device`` are accepted for the contract and must be left at their defaults). Custom settings (a
+    chooses among them (:data:`PARTS`; default every part). Members train on the CPU, as :func:`compute` says for
+    ``executor`` (serial or joblib; ``device`` must be left at its default). Custom settings (a
     :class:`ComposeProfile`, e.g. ``depthlib compose --set``) are trained, or loaded from the local cache, never chosen
     among committed runs; each run is labelled as its config says."""
     if not isinstance(profile, ComposeProfile):
@@ -245,19 +259,18 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise InputError(f"chapter 7 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
-    if executor is not None and getattr(executor, "kind", "serial") != "serial":
-        raise InputError("chapter 7 trains its members in this process: no executor")
+    _jobs(executor)                         # an executor chapter 7 cannot use is refused before anything trains
     if device not in (None, "cpu"):
         raise InputError(f"chapter 7 trains on the CPU, got device {device!r}")
     if isinstance(profile, ComposeProfile):
         return {part: compute(labelled(getattr(profile, PART_FIELDS[part]), PART_FIELDS[part]).validate(),
-                              progress=progress)
+                              progress=progress, executor=executor)
                 for part in PARTS if part in parts}
     experiments = {"rhm": EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT,
                    "text_certified": TEXT_CERTIFIED_EXPERIMENT}
     configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS if part in experiments}
     out = {part: results.chapter_run(
-        experiment, profile, lambda a=attr: compute(getattr(PROFILES[profile], a), progress=progress),
+        experiment, profile, lambda a=attr: compute(getattr(PROFILES[profile], a), progress=progress, executor=executor),
         expected_config=lambda p, a=attr: getattr(PROFILES[p], a).to_dict() if p in PROFILES else None, rerun=rerun)
         for part, (experiment, attr) in configs.items() if part in parts}
     if "toy_certified" in parts:
