@@ -171,7 +171,7 @@ def sweep_projection(args, device) -> dict:
     cfg = dataclasses.replace(cfg, cells=cells)
     result = {"students": cfg.n_students, "steps": cfg.steps, "batch": cfg.batch}
     for tf32 in ([False, True] if args.tf32 else [False]):
-        eng, _, _ = sweep.build_engine(cfg, str(device), allow_tf32=tf32)
+        eng, _, _ = sweep.build_engine(dataclasses.replace(cfg, tf32=tf32), str(device))
         losses = [eng.step() for _ in range(args.sweep_warmup)]
         _sync(device)
         t0 = time.perf_counter()

@@ -439,7 +439,7 @@ def _toy_labelled(cfg):
 
 def _cmd_toy(args) -> dict[str, Any]:
     started = time.time()
-    from depthlib.toy import chapter, sweep
+    from depthlib.toy import chapter
     _toy_check(args, None, None)
     sweeping = [f"--{k}" for k in _TOY_SWEEP_FLAGS if getattr(args, k) is not None]
     if args.part is not None and (args.calibration or args.protocol or args.part != "sweep"):
@@ -453,7 +453,7 @@ def _cmd_toy(args) -> dict[str, Any]:
         _fixed_settings(args, "--calibration")
         if args.calibration == "both":
             return _toy_calibration_both(args, executor)
-        cfg, experiment = chapter.calibration_config(args.profile, args.calibration), chapter.CALIBRATION_EXPERIMENT
+        cfg = chapter.calibration_config(args.profile, args.calibration)
     else:
         cfg = chapter.profile_config(args.profile, rhos=args.rho, temperatures=args.temperature,
                                      depths=args.depths, steps=args.steps, replicates=args.replicates,
@@ -467,9 +467,8 @@ def _cmd_toy(args) -> dict[str, Any]:
                 raise InputError(f"--set {', '.join(others)}: with the sweep's own flags --set changes the sweep "
                                  "(sweep.*) only")
             cfg = _toy_labelled(custom.sweep)
-        experiment = sweep.EXPERIMENT
-    run = chapter.compute(cfg, args.device, force=args.force, progress=True, allow_tf32=args.tf32,
-                          experiment=experiment, executor=None if args.calibration else executor)
+    run = chapter.compute(dataclasses.replace(cfg, tf32=args.tf32), args.device, force=args.force, progress=True,
+                          executor=None if args.calibration else executor)
     out = chapter.summary(run)
     out = {"profile": cfg.profile, "meaningful": args.profile != "smoke", "device": out["device"],
            "students": out["students"], "steps": cfg.steps, "batch": cfg.batch, "depths": list(cfg.depths),
@@ -558,7 +557,7 @@ def _cmd_probes(args) -> dict[str, Any]:
     checks.model_files("--model", args.model)
     executor = _executor_config(args)
     _check_token_sample(args, cfg)
-    run = chapter.compute(args.model, args.corpus, args.docs, cfg, executor=executor, shards=args.shards,
+    run = chapter.compute(chapter.ProbeRun(args.model, args.corpus, args.docs, cfg), args.device, executor=executor,
                           force=args.force)
     out = chapter.summary(run)
     out["results"] = out.pop("run")
@@ -659,8 +658,7 @@ def _tracing_check(args, settings, parts) -> None:
 def _tracing_runs_kwargs(args) -> dict[str, Any]:
     from depthlib.tracing import chapter
     models = chapter.PROFILES[args.profile].models
-    shards = args.shards if args.shards is not None or args.executor == "serial" else (args.jobs or 2)
-    return {"extra_models": [args.model] if args.model and args.model not in models else [], "shards": shards}
+    return {"extra_models": [args.model] if args.model and args.model not in models else []}
 
 
 def _cmd_tracing(args) -> dict[str, Any]:
@@ -724,9 +722,10 @@ def _cmd_interventions(args) -> dict[str, Any]:
     validate.int_in_range("--max-length", args.max_length, 2)
     score_last = min(128, args.max_length - 1) if args.score_last is None else args.score_last
     cfg = interventions.InterventionConfig(max_length=args.max_length, score_last=score_last,
-                                           batch_size=args.batch_size, rank_docs=args.rank_docs,
-                                           device=args.device).validate()
-    run = chapter.compute(args.model, args.corpus, args.docs, cfg, plans=args.plan, progress=True, force=args.force)
+                                           batch_size=args.batch_size, rank_docs=args.rank_docs).validate()
+    plans = None if args.plan is None else tuple(args.plan)
+    run = chapter.compute(chapter.InterventionRun(args.model, args.corpus, args.docs, cfg, plans), args.device,
+                          progress=True, force=args.force)
     s = chapter.summary(run)
     return {"model": args.model, "n_blocks": s["n_blocks"], "documents": s["n_docs"], "tokens": s["n_tokens"],
             "baseline_loss": _round_or_none(s["baseline_loss"], 4),

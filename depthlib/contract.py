@@ -6,7 +6,12 @@ Every chapter package (:data:`depthlib.chapters.CHAPTERS`) has a module ``<packa
 ``runs(profile, *, rerun=False, executor=None, device="cpu") -> dict[str, Run]``
                 the runs its notebook shows for a profile, by part name, each the one run the rule of
                 :func:`depthlib.results.select_run` picks, computed now (cached, resumable) if there is none
-``compute(...)`` computes (or resumes, or loads) one run of the chapter into the local results cache
+``compute(cfg, device="cpu", *, force=False, progress=True, executor=None) -> Run``
+                computes (or resumes, or loads) one run of the chapter into the local results cache: ``cfg`` is
+                the settings of that one run (its part's config, or for probes and interventions a
+                ``ProbeRun`` / ``InterventionRun``: model, corpus, documents, config, label), ``force`` deletes
+                it first, ``executor`` (:class:`depthlib.executors.ExecutorConfig`, with its ``shards``) says
+                where its pieces run
 ``replay(run) -> DataFrame``
                 recomputes a cheap prefix of a run with the current code: columns ``committed`` and ``replayed``
 ``describe(run) -> dict``

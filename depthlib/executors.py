@@ -48,6 +48,7 @@ class ExecutorConfig:
     array_parallelism: int = 64          # SLURM: at most this many jobs of the array run at once
     cpus_per_job: int | None = None      # SLURM cpus per task (default: threads)
     folder: str | None = None            # submitit logs (default: <cache>/submitit)
+    shards: int | None = None            # joblib, submitit: the run's work in this many pieces (default: jobs)
 
     def validate(self) -> "ExecutorConfig":
         if self.kind not in EXECUTORS:
@@ -58,7 +59,7 @@ class ExecutorConfig:
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{_FLAG.get(name, '--' + name.replace('_', '-'))} must be >= 1, "
                                  f"got {getattr(self, name)}")
-        for name in ("threads", "cpus_per_job"):
+        for name in ("threads", "cpus_per_job", "shards"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.gpus_per_job < 0:
@@ -78,6 +79,10 @@ class ExecutorConfig:
                                "login node, or use --cluster local or --executor joblib here")
         return self
 
+    def n_shards(self) -> int:
+        """How many pieces a run's work is cut into under this executor: ``shards``, or one per job."""
+        return int(self.shards if self.shards is not None else self.jobs)
+
     def unit_threads(self, n_units: int) -> int:
         if self.threads is not None:
             return int(self.threads)
@@ -93,12 +98,11 @@ _ONLY = {"jobs": ("joblib",), "shards": ("joblib", "submitit"), "cluster": ("sub
          "array_parallelism": ("submitit",)}
 
 
-def from_flags(kind: str = "serial", *, threads: int | None = None, shards: int | None = None,
-               **given) -> ExecutorConfig:
+def from_flags(kind: str = "serial", *, threads: int | None = None, **given) -> ExecutorConfig:
     """The :class:`ExecutorConfig` of a command's flags (None: not given), checked: a flag that ``kind`` would
     ignore (``--jobs`` or ``--partition`` with the serial executor, say) is an :class:`InputError`, and the
     executor must be able to start here (:meth:`ExecutorConfig.preflight`)."""
-    ignored = [k for k, v in {**given, "shards": shards}.items() if v is not None and kind not in _ONLY[k]]
+    ignored = [k for k, v in given.items() if v is not None and kind not in _ONLY[k]]
     if ignored:
         users = " or ".join(sorted({e for k in ignored for e in _ONLY[k]}))
         names = ", ".join(_FLAG.get(k, "--" + k.replace("_", "-")) for k in ignored)

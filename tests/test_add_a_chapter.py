@@ -4,6 +4,7 @@
 the book's own staging step)."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -77,6 +78,9 @@ def _json(capsys) -> dict:
 
 def test_a_registered_chapter_gets_its_command(tiny, capsys):
     assert chapters.by_name(NAME) is tiny and chapters.CHAPTERS[-1] is tiny
+    from tests.test_contract import COMPUTE_SHAPE
+    shape = [(p.name, p.kind, p.default) for p in inspect.signature(tiny.module.compute).parameters.values()]
+    assert shape == COMPUTE_SHAPE                    # the README's compute has every chapter's shape
     assert NAME in cli.build_parser().format_usage()
     assert cli.main([NAME, "--profile", "smoke", "--json"]) == 0
     out = _json(capsys)

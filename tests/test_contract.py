@@ -2,6 +2,7 @@
 (results.compute_modules) and the one run lifecycle (results.computing)."""
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -75,6 +76,13 @@ def test_the_table_of_contents_lists_the_registrys_chapters_in_order():
     assert all((root / f"{page}.md").is_file() for page in pages), pages
 
 
+_P = inspect.Parameter
+#: ``compute(cfg, device="cpu", *, force=False, progress=True, executor=None)`` (:mod:`depthlib.contract`)
+COMPUTE_SHAPE = [("cfg", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("device", _P.POSITIONAL_OR_KEYWORD, "cpu"),
+                 ("force", _P.KEYWORD_ONLY, False), ("progress", _P.KEYWORD_ONLY, True),
+                 ("executor", _P.KEYWORD_ONLY, None)]
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.name)
 def test_every_chapter_implements_the_contract(chapter):
     module = chapter.module
@@ -89,6 +97,9 @@ def test_every_chapter_implements_the_contract(chapter):
         data = profile.to_dict()
         assert json.loads(json.dumps(data)) == data                              # plain JSON
         assert type(profile).from_dict(data) == profile                          # and back, nested types included
+    # one shape of ``compute`` for every chapter: the settings of one run, where, and the lifecycle's switches
+    shape = [(p.name, p.kind, p.default) for p in inspect.signature(module.compute).parameters.values()]
+    assert shape == COMPUTE_SHAPE, f"{module.__name__}.compute{inspect.signature(module.compute)}"
     for experiment, entry in module.COMPUTE.items():
         assert chapter.owns(experiment.rstrip("-") + ("-x" if experiment.endswith("-") else ""))
         for one in (entry,) if isinstance(entry, str) else entry:         # one function, or the several that compute

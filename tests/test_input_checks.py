@@ -3,6 +3,7 @@ expensive computation and with nothing cached as complete. Tiny random models (t
 network, no SLURM."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -162,7 +163,7 @@ def test_every_model_of_a_tracing_run_is_checked_before_the_first_trace(cache, m
     from depthlib.tracing import chapter
     monkeypatch.setattr(chapter, "model_prompts", lambda *a, **k: pytest.fail("traced a model before the check"))
     with pytest.raises(InputError, match=f"no model folder at {Path.cwd() / 'nope' / 'missing-model'}"):
-        chapter.compute("smoke", extra_models=["./nope/missing-model"])
+        chapter.compute(dataclasses.replace(chapter.PROFILES["smoke"], extra_models=("./nope/missing-model",)))
     assert _complete_runs(cache) == []
 
 
@@ -276,7 +277,7 @@ def test_toy_tf32_on_the_cpu_is_one_line(cache, capsys, monkeypatch):
     line = _fails(capsys, ["toy", "--tf32"])
     assert "--tf32" in line and "CUDA" in line and "cpu" in line, line
     with pytest.raises(validate.InputError, match="--tf32"):
-        chapter.compute(chapter.profile_config("smoke"), "cpu", allow_tf32=True)
+        chapter.compute(dataclasses.replace(chapter.profile_config("smoke"), tf32=True), "cpu")
 
 
 @pytest.mark.parametrize("flag", [["--lens-tokens", "4"], ["--lens-tokens", "0"], ["--lens-docs", "2"]])

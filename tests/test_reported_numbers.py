@@ -205,8 +205,8 @@ def test_a_sharded_probe_that_overflows_keeps_neither_the_run_nor_its_shards(cac
     corpus.write_text("\n\n".join(tiny.TEXTS))
     cfg = ProbeConfig(max_length=16, batch_size=2, reservoir_size=40)
     with pytest.raises(InputError, match=r"overflow float32 .*block 1"):
-        chapter.compute(str(folder), str(corpus), 4, cfg, executor=executors.ExecutorConfig("submitit", jobs=2,
-                                                                                           cluster="debug"), shards=2)
+        chapter.compute(chapter.ProbeRun(str(folder), str(corpus), 4, cfg),
+                        executor=executors.ExecutorConfig("submitit", jobs=2, cluster="debug", shards=2))
     assert not list(paths.local_results_dir().glob("*/*/manifest.json"))
 
 
@@ -226,5 +226,5 @@ def test_a_complete_run_cached_before_the_check_is_not_handed_back(cache, tmp_pa
         chapter.summary(cached)                          # a view: it says why, and deletes nothing
     assert cached.complete
     with pytest.raises(InputError, match="overflow float32"):
-        chapter.compute(str(folder), str(corpus), 2, cfg, progress=False)
+        chapter.compute(chapter.ProbeRun(str(folder), str(corpus), 2, cfg), progress=False)
     assert not cached.path.exists()

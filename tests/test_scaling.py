@@ -1,4 +1,6 @@
 """Numeric truth of the Chinchilla fits (paper §3, App. B)."""
+import dataclasses
+
 import numpy as np
 import pytest
 from scipy.optimize import least_squares
@@ -296,7 +298,9 @@ def test_chapter_profiles_run_and_replay(chinchilla_df, tmp_path, monkeypatch):
     # another CSV is another run: its sha256 is in the config
     other = tmp_path / "other.csv"
     chinchilla_df.iloc[:-1].to_csv(other, index=False)
-    assert chapter.chapter_config("smoke", other)["csv_sha256"] != run.config["csv_sha256"]
+    elsewhere = dataclasses.replace(chapter.PROFILES["smoke"], csv=str(other))
+    assert elsewhere == chapter.PROFILES["smoke"] and elsewhere.to_dict() == chapter.PROFILES["smoke"].to_dict()
+    assert chapter.chapter_config(elsewhere)["csv_sha256"] != run.config["csv_sha256"]
     with pytest.raises(InputError, match="unknown profile"):
         chapter.runs("huge")
 

@@ -476,8 +476,8 @@ def test_sharded_chapter_run_equals_one_process(tok, tmp_path, monkeypatch, kind
     from depthlib.tracing.facts import safe_name
     assert len(tables[f"facts_{safe_name(name)}"]["fact_id"].unique()) == 2         # the two known: two slices
     shutil.rmtree(one.path)
-    merged = chapter.run_sharded("smoke", executors.ExecutorConfig(kind, jobs=2, threads=1, cluster=cluster),
-                                 fact_shards=2)
+    merged = chapter.run_sharded("smoke", executors.ExecutorConfig(kind, jobs=2, threads=1, cluster=cluster,
+                                                                   shards=2))
     assert merged.path == one.path and merged.manifest["executor"] == kind and len(merged.manifest["shards"]) == 3
     assert sorted(merged.tables()) == sorted(tables)
     for t, table in tables.items():

@@ -13,10 +13,12 @@ import pandas as pd
 
 from depthlib import results
 from depthlib.contract import Profile, from_dict
+from depthlib.errors import InputError
 from depthlib.interventions import InterventionConfig, experiment_name, intervention_key, run_interventions
 from depthlib.interventions.suite import SuiteConfig
 from depthlib.interventions.toy import EXPERIMENT as TOY_EXPERIMENT
 from depthlib.interventions.toy import ToyInterventionConfig, run_toy_interventions
+from depthlib.validate import resolve_device
 
 #: The compute entry of each experiment's runs (the LMs' ``interventions-<model>``, the toy controls'
 #: ``interventions-toy``): their code modules are derived from its imports (:func:`depthlib.results.compute_modules`).
@@ -85,10 +87,11 @@ def _lm_run(profile: str | InterventionProfile, model: str, rerun: bool, progres
         spec = (profile.corpus, profile.n_docs, profile.config_for(model))
         label = next((name for name, p in PROFILES.items()   # a profile's own settings keep its name
                       if model in p.models and (p.corpus, p.n_docs, p.config_for(model)) == spec), results.CUSTOM)
-        return compute(model, *spec, profile=label, progress=progress)
+        return compute(InterventionRun(model, *spec, profile=label), spec[-1].device, progress=progress)
     p = PROFILES[profile]
     return results.chapter_run(experiment_name(model), profile,
-                               lambda: compute(model, p.corpus, p.n_docs, p.config_for(model), profile=profile,
+                               lambda: compute(InterventionRun(model, p.corpus, p.n_docs, p.config_for(model),
+                                                               profile=profile), p.config_for(model).device,
                                                progress=progress),
                                expected_config=expected, rerun=rerun)
 
@@ -98,9 +101,10 @@ def _toy_run(profile: str | InterventionProfile, rerun: bool, progress: bool) ->
         return PROFILES[prof].toy.key() if prof in PROFILES else None
     if isinstance(profile, InterventionProfile):     # custom settings: custom unless a profile's own
         label = next((name for name, p in PROFILES.items() if p.toy == profile.toy), results.CUSTOM)
-        return compute("toy", config=profile.toy, profile=label, progress=progress)
+        return compute(InterventionRun("toy", config=profile.toy, profile=label), progress=progress)
     return results.chapter_run(TOY_EXPERIMENT, profile,
-                               lambda: compute("toy", config=PROFILES[profile].toy, profile=profile, progress=progress),
+                               lambda: compute(InterventionRun("toy", config=PROFILES[profile].toy, profile=profile),
+                                               progress=progress),
                                expected_config=expected, rerun=rerun)
 
 
@@ -122,18 +126,38 @@ def runs(profile: str | InterventionProfile = "smoke", *, rerun: bool = False, e
     return out
 
 
-def compute(model: str, corpus: str = "sotu", n_docs: int = 32, config: InterventionConfig | None = None, *,
-            plans=None, profile: str = "custom", progress: bool = True, force: bool = False) -> results.Run:
-    """Run the plan suite (or ``plans``) on ``model``, cached (:func:`depthlib.interventions.run_interventions`);
-    ``model="toy"`` edits chapter 3's certified-protocol toy students of ``config`` (a :class:`ToyInterventionConfig`) instead."""
-    if model == "toy":
-        return run_toy_interventions(config, profile=profile, progress=progress, force=force)
+@dataclass(frozen=True)
+class InterventionRun:
+    """One interventions run, what :func:`compute` takes: the plan suite (or ``plans``, plan texts) on ``model``
+    over ``n_docs`` documents of ``corpus`` with ``config``; or, with ``model="toy"``, chapter 3's certified-protocol
+    toy students of ``config`` (a :class:`ToyInterventionConfig`; ``corpus`` and ``n_docs`` unused). ``profile``
+    labels it (a profile's name where these are its settings, else ``custom``)."""
+
+    model: str
+    corpus: str = "sotu"
+    n_docs: int = 32
+    config: InterventionConfig | ToyInterventionConfig | None = None
+    plans: tuple[str, ...] | None = None
+    profile: str = results.CUSTOM
+
+
+def compute(cfg: InterventionRun, device: str = "cpu", *, force: bool = False, progress: bool = True,
+            executor=None) -> results.Run:
+    """Compute (or resume, or load) the run ``cfg`` on ``device`` in this process, cached
+    (:func:`depthlib.interventions.run_interventions`, or :func:`run_toy_interventions` for the toy students, which
+    are edited on the CPU). Only the serial executor applies: a run's plans share one loaded model."""
+    if executor is not None and executor.kind != "serial":
+        raise InputError("an interventions run is computed in this process: use --executor serial")
+    if cfg.model == "toy":
+        if resolve_device(device).type != "cpu":
+            raise InputError(f"the toy students are edited on the CPU, not on {device}: drop --device")
+        return run_toy_interventions(cfg.config, profile=cfg.profile, progress=progress, force=force)
     from depthlib.models import checks
-    cfg = (config or InterventionConfig()).validate()
-    checks.within_position_limit(model, cfg.max_length)      # before a run is opened (a --force deletes it)
-    checks.enough_documents(corpus, n_docs, first=cfg.rank_docs)
-    return run_interventions(model, corpus, n_docs, config, plans=plans, profile=profile, progress=progress,
-                             force=force)
+    config = dataclasses.replace(cfg.config or InterventionConfig(), device=device).validate()
+    checks.within_position_limit(cfg.model, config.max_length)      # before a run is opened (a --force deletes it)
+    checks.enough_documents(cfg.corpus, cfg.n_docs, first=config.rank_docs)
+    return run_interventions(cfg.model, cfg.corpus, cfg.n_docs, config, plans=cfg.plans, profile=cfg.profile,
+                             progress=progress, force=force)
 
 
 def reduction(profile: str) -> str:
@@ -210,7 +234,8 @@ def replay(run: results.Run, n_plans: int = 3) -> pd.DataFrame:
     committed = run.table("scores")
     plans = list(dict.fromkeys(run.table("plans")["plan"]))
     chosen = [plans[0]] + [plans[i] for i in np.linspace(1, len(plans) - 1, n_plans - 1).astype(int)]
-    fresh = compute(model, corpus, cfg.batch_size, cfg, plans=chosen[1:], progress=False, force=True).table("scores")
+    fresh = compute(InterventionRun(model, corpus, cfg.batch_size, cfg, tuple(chosen[1:])), cfg.device, progress=False,
+                    force=True).table("scores")
     merged = fresh.merge(committed, on=["plan", "doc_index"], suffixes=("_replayed", "_committed"))
     # KL is summed term by term over the vocabulary (V terms, each |p (log p − log q)|): two CPUs' kernels may differ by
     # a few float32 eps per term, so the KL of a document may move by about V · eps32 · (its KL): covered by the

@@ -294,7 +294,7 @@ def _chapter_run(profile: str | ProbeProfile, model: str, weight_noise: float | 
     if _custom(profile):                  # computed, or loaded from the local cache; a profile's own settings keep its name
         label = next((name for name in PROFILES if _spec(name, model, weight_noise) == (corpus, n_docs, config)),
                      results.CUSTOM)
-        return compute(model, corpus, n_docs, config, profile=label, progress=progress)
+        return compute(ProbeRun(model, corpus, n_docs, config, label), config.device, progress=progress)
     return results.chapter_run(
         experiment_name(model), profile,
         lambda: _checked(lambda: run_probe(model, corpus, n_docs, config, profile=profile, progress=progress)),
@@ -368,28 +368,40 @@ def sensitivity_parts(parts: dict[str, results.Run]) -> dict[float, results.Run]
     return {float(k.removeprefix(SENSITIVITY)): r for k, r in parts.items() if k.startswith(SENSITIVITY)}
 
 
-def compute(model: str, corpus: str = "sotu", n_docs: int = 16, config: ProbeConfig | None = None, *,
-            profile: str = "custom", executor=None, shards: int | None = None, force: bool = False,
-            progress: bool = True) -> results.Run:
-    """Probe ``model`` on ``n_docs`` documents of ``corpus`` (cached, resumable): in this process
-    (:func:`run_probe`) or, with an :class:`~depthlib.executors.ExecutorConfig` other than serial,
-    as ``shards`` document shards (default: its number of jobs) merged into the same run."""
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe run: ``model`` on the first ``n_docs`` documents of ``corpus`` with ``config``, labelled
+    ``profile`` (a profile's name where these are its settings, else ``custom``): what :func:`compute` takes."""
+
+    model: str
+    corpus: str = "sotu"
+    n_docs: int = 16
+    config: ProbeConfig = field(default_factory=ProbeConfig)
+    profile: str = results.CUSTOM
+
+
+def compute(cfg: ProbeRun, device: str = "cpu", *, force: bool = False, progress: bool = True,
+            executor=None) -> results.Run:
+    """Probe ``cfg.model`` on ``cfg.n_docs`` documents of ``cfg.corpus`` on ``device`` (cached, resumable): in this
+    process (:func:`run_probe`) or, with an :class:`~depthlib.executors.ExecutorConfig` other than serial, as its
+    number of document shards (:meth:`~depthlib.executors.ExecutorConfig.n_shards`) merged into the same run."""
     from depthlib import validate
     from depthlib.models import checks
-    cfg = (config or ProbeConfig()).validate()
+    config = dataclasses.replace(cfg.config, device=device).validate()
+    model, corpus, n_docs = cfg.model, cfg.corpus, cfg.n_docs
 
     def check() -> None:                     # before a run is opened (a --force deletes it) or a model is loaded
-        checks.within_position_limit(model, cfg.max_length)
+        checks.within_position_limit(model, config.max_length)
         checks.enough_documents(corpus, n_docs)
     if executor is None or executor.kind == "serial":
         check()
-        return _checked(lambda: run_probe(model, corpus, n_docs, cfg, profile=profile, progress=progress,
+        return _checked(lambda: run_probe(model, corpus, n_docs, config, profile=cfg.profile, progress=progress,
                                           force=force))
     if force:
         raise InputError("--force works with --executor serial only")
-    n = validate.int_in_range("--shards", shards if shards is not None else executor.jobs, 1)
+    n = validate.int_in_range("--shards", executor.n_shards(), 1)
     check()
-    return _checked(lambda: run_sharded(model, corpus, n_docs, cfg, executor, n, profile=profile))
+    return _checked(lambda: run_sharded(model, corpus, n_docs, config, executor, n, profile=cfg.profile))
 
 
 def _checked(compute_run: Callable[[], results.Run]) -> results.Run:

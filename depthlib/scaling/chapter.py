@@ -11,8 +11,9 @@ The config holds the sha256 of the CSV the run was computed from, so another CSV
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,14 @@ class ScalingProfile(Profile):
     scan_offsets: tuple[int, ...] = (0, 2)                          # depth ℓ and ℓ − 2 (fit-8)
     paper_scan_excludes: tuple[int, ...] = (1,) + tuple(range(10, 101, 10))   # scanignore.py's k
     adam_steps: int = 50_000           # the paper's run length (fit-5, scanignore.py)
+    # where the Chinchilla CSV is (None: data.chinchilla_path's default): where, not what, so neither a run's config
+    # (it holds the CSV's sha256) nor which profile the settings are depends on it
+    csv: str | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out.pop("csv")
+        return out
 
 
 PROFILES: dict[str, ScalingProfile] = {
@@ -70,9 +79,10 @@ def settings(profile: str | ScalingProfile) -> ScalingProfile:
     return results.profile_settings(profile, PROFILES)
 
 
-def chapter_config(profile: str | ScalingProfile, data_path: str | Path | None = None) -> dict:
-    """The results-cache config of a chapter run: the profile's settings and the CSV's sha256."""
-    return {**settings(profile).to_dict(), "csv_sha256": csv_sha256(data_path)}
+def chapter_config(profile: str | ScalingProfile) -> dict:
+    """The results-cache config of a chapter run: the profile's settings and the sha256 of its CSV."""
+    prof = settings(profile)
+    return {**prof.to_dict(), "csv_sha256": csv_sha256(prof.csv)}
 
 
 def _tables(prof: ScalingProfile, df: pd.DataFrame) -> dict:
@@ -88,19 +98,20 @@ def _tables(prof: ScalingProfile, df: pd.DataFrame) -> dict:
     return tables
 
 
-def compute(profile: str | ScalingProfile = "smoke", *, data_path: str | Path | None = None,
-            force: bool = False) -> results.Run:
-    """Compute (or resume, or load) the chapter's tables for ``profile`` (a name, or custom settings: labelled
+def compute(cfg: str | ScalingProfile, device: str = "cpu", *, force: bool = False, progress: bool = True,
+            executor=None) -> results.Run:
+    """Compute (or resume, or load) the chapter's tables for ``cfg`` (a profile's name, or settings: labelled
     ``custom`` unless they are a profile's own) in the local results cache; returns the Run (the lifecycle of
     :func:`depthlib.results.computing`: tables already written are kept, so an interrupted run resumes; a complete
-    run computed by other code is recomputed)."""
-    config = chapter_config(profile, data_path)
-    prof = settings(profile)
+    run computed by other code is recomputed). The fits are NumPy work in this process: ``device``, ``progress``
+    and ``executor`` change nothing."""
+    prof = settings(cfg)
+    config = chapter_config(prof)
     with results.computing(EXPERIMENT, config, profile=prof.name, seed=prof.seed, code=COMPUTE.values(),
                            force=force) as job:
         if job.complete:
             return job.run
-        df = data.chinchilla(data_path)
+        df = data.chinchilla(prof.csv)
         for name, table in _tables(prof, df).items():
             if not job.run.has(name):
                 job.run.write_table(name, table())
@@ -128,14 +139,15 @@ def runs(profile: str | ScalingProfile = "smoke", *, rerun: bool = False, execut
     are CPU work in this process (``executor`` and ``device`` change nothing). Custom settings (a
     :class:`ScalingProfile`) are computed, or loaded from the local cache, never chosen among committed runs."""
     if not isinstance(profile, str):
-        return {"fits": compute(profile, data_path=data_path)}
+        return {"fits": compute(dataclasses.replace(profile, csv=data_path or profile.csv))}
     results.check_profile(profile)
     sha = csv_sha256(data_path)
 
     def expected(prof: str) -> dict | None:
         return {**PROFILES[prof].to_dict(), "csv_sha256": sha} if prof in PROFILES else None
 
-    return {"fits": results.chapter_run(EXPERIMENT, profile, lambda: compute(profile, data_path=data_path),
+    return {"fits": results.chapter_run(EXPERIMENT, profile,
+                                        lambda: compute(dataclasses.replace(PROFILES[profile], csv=data_path)),
                                         expected_config=expected, rerun=rerun)}
 
 

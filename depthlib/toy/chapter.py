@@ -52,19 +52,25 @@ SHOWN_PARTS = ("sweep", "calibration", "certified")
 
 
 @dataclass(frozen=True)
+class CalibrationSweep(SweepConfig):
+    """A calibration run's sweep (one edge cell, trained long): a :class:`SweepConfig` whose run is kept under
+    :data:`CALIBRATION_EXPERIMENT`, apart from the phase diagram's (:func:`compute` reads which from the type)."""
+
+
+@dataclass(frozen=True)
 class ToyProfile(Profile):
     """What chapter 3 trains under one profile: the phase-diagram sweep, the two calibration runs and the
     converged-loss protocol."""
 
     name: str
     sweep: SweepConfig
-    calibration: tuple[SweepConfig, ...]     # one per CALIBRATION_KINDS teacher, tied first
+    calibration: tuple[CalibrationSweep, ...]   # one per CALIBRATION_KINDS teacher, tied first
     converged: converged.ConvergedConfig
     certified: certified.CertifiedConfig
 
 
-def _calibration(profile: str, **settings) -> tuple[SweepConfig, ...]:
-    return tuple(SweepConfig(profile, variant="exp-9-3", cells=grid((rho,), (1.0,)), **settings)
+def _calibration(profile: str, **settings) -> tuple[CalibrationSweep, ...]:
+    return tuple(CalibrationSweep(profile, variant="exp-9-3", cells=grid((rho,), (1.0,)), **settings)
                  for rho in CALIBRATION_KINDS)
 
 
@@ -133,31 +139,37 @@ def profile_config(profile: str = "smoke", *, rhos=None, temperatures=None, dept
     return cfg.validate()
 
 
-def calibration_config(profile: str, kind: str) -> SweepConfig:
+def calibration_config(profile: str, kind: str) -> CalibrationSweep:
     """The calibration run ``kind`` (tied | independent) of ``profile``."""
     results.check_profile(profile)
     return next(c for c in PROFILES[profile].calibration if CALIBRATION_KINDS[c.cells[0][0]] == kind)
 
 
 def compute(cfg: SweepConfig, device: str = "cpu", *, force: bool = False, progress: bool = True,
-            allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT, executor=None) -> results.Run:
+            executor=None) -> results.Run:
     """Train (or resume, or load) a sweep (:func:`depthlib.toy.sweep.run_sweep`, through the one run lifecycle: a
     damaged folder is repaired, losing only what is unreadable; ``force`` deletes the run first). With an
     :class:`~depthlib.executors.ExecutorConfig` other than serial, the phase-diagram sweep is trained as one shard
-    per ρ (:mod:`depthlib.toy.shards`)."""
+    per ρ (:mod:`depthlib.toy.shards`); a calibration run (a :class:`CalibrationSweep`) is trained in this
+    process."""
     from depthlib.validate import resolve_device
-    if allow_tf32 and resolve_device(device).type != "cuda":
+    if cfg.tf32 and resolve_device(device).type != "cuda":
         raise InputError(f"--tf32 allows TF32 matmuls on CUDA, but this run is on {device} (--device {device}): "
                          "drop --tf32, or run on a GPU with --device cuda")
+    experiment = _experiment(cfg)
     if executor is not None and executor.kind != "serial" and experiment == EXPERIMENT:
-        if force or allow_tf32:
+        if force or cfg.tf32:
             raise InputError("--force and --tf32 work with --executor serial only")
         from depthlib.toy import shards
         _check_memory(cfg, device, executor)
         return shards.run_sharded(cfg, executor, device)
-    _check_memory(cfg, device, allow_tf32=allow_tf32, root=root, experiment=experiment)
-    return run_sweep(cfg, device, progress=progress, allow_tf32=allow_tf32, root=root, experiment=experiment,
-                     force=force)
+    _check_memory(cfg, device)
+    return run_sweep(cfg, device, progress=progress, force=force, experiment=experiment)
+
+
+def _experiment(cfg: SweepConfig) -> str:
+    """The experiment a sweep's run is kept under: the calibration's, or the phase diagram's."""
+    return CALIBRATION_EXPERIMENT if isinstance(cfg, CalibrationSweep) else EXPERIMENT
 
 
 def sweep_memory(cfg: SweepConfig, device: str = "cpu") -> float:
@@ -186,14 +198,14 @@ def sweep_memory(cfg: SweepConfig, device: str = "cpu") -> float:
     return 4.0 * floats
 
 
-def _check_memory(cfg: SweepConfig, device: str, executor=None, **run) -> None:
+def _check_memory(cfg: SweepConfig, device: str, executor=None) -> None:
     """InputError, before any run is opened or any teacher built, if the sweep (with a joblib ``executor``: the
     shards that run at once, one per ρ) would need more memory than ``device`` has (:func:`sweep_memory`); a
-    finished run in the cache (``run``: where :func:`depthlib.toy.sweep.open_sweep_run` looks) needs none."""
+    finished run in the cache (where :func:`depthlib.toy.sweep.open_sweep_run` looks) needs none."""
     from depthlib import validate
     from depthlib.toy.sweep import open_sweep_run
     try:
-        if open_sweep_run(cfg, **run).complete:
+        if open_sweep_run(cfg, experiment=_experiment(cfg)).complete:
             return
     except results.CorruptRunError:
         pass                                     # a damaged run: the lifecycle repairs it, and resumes (or recomputes)
@@ -227,8 +239,7 @@ def sweep_run(profile: str = "smoke", device: str = "cpu", *, rerun: bool = Fals
 def train_calibration(profile: str, kind: str, device: str = "cpu") -> str:
     """Train (or resume, or load) one calibration run (``kind``: tied | independent); returns its folder.
     Module-level, so an executor can run the two side by side."""
-    return str(compute(calibration_config(profile, kind), device, progress=False,
-                       experiment=CALIBRATION_EXPERIMENT).path)
+    return str(compute(calibration_config(profile, kind), device, progress=False).path)
 
 
 def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool = False,

@@ -65,12 +65,16 @@ class SweepConfig:
     seed: int = 0
     teacher_norm: str = "paper"                # "paper" | "displacement": every teacher scaled to the ρ = 0
                                                # teacher's mean ‖h_ℓ* − h_0‖ (models.normalise_displacement)
+    tf32: bool = False                         # allow TF32 matmuls on CUDA (changes the numbers: in the key when set)
 
     def shape(self) -> ToyShape:
         return ToyShape(d_model=self.d_model, d_mlp=4 * self.d_model, teacher_depth=self.teacher_depth)
 
     def to_dict(self) -> dict:
-        return to_dict(self)
+        out = to_dict(self)
+        if not self.tf32:
+            out.pop("tf32")                    # fp32 runs keep the keys they had before the field existed
+        return out
 
     @property
     def n_students(self) -> int:
@@ -98,7 +102,7 @@ class SweepConfig:
 
 # ---- building the engine -------------------------------------------------------------------------------
 def build_engine(cfg: SweepConfig, device: str = "cpu", chunk: int | None = None,
-                 allow_tf32: bool = False, keep=None) -> tuple[BatchedStudents, pd.DataFrame, list]:
+                 keep=None) -> tuple[BatchedStudents, pd.DataFrame, list]:
     """The engine for a sweep, the table of its students (caller's order) and its teachers.
 
     ``keep(row) -> bool`` trains only some students (row: rho, temperature, replicate, depth); each student's
@@ -128,7 +132,7 @@ def build_engine(cfg: SweepConfig, device: str = "cpu", chunk: int | None = None
                           data_seeds=[derive_seed(cfg.seed, "data", r) for r in range(cfg.replicates)],
                           test_seeds=[derive_seed(cfg.seed, "test", r) for r in range(cfg.replicates)],
                           batch=cfg.batch, eval_batches=cfg.eval_batches, eval_batch_size=cfg.eval_batch_size,
-                          shape=shape, device=str(dev), chunk=chunk, allow_tf32=allow_tf32)
+                          shape=shape, device=str(dev), chunk=chunk, allow_tf32=cfg.tf32)
     return eng, pd.DataFrame(rows), teachers
 
 
@@ -137,18 +141,14 @@ def _save_checkpoint(run: results.Run, eng: BatchedStudents, train_sum: torch.Te
                               {"engine": eng.state_dict(), "train_sum": train_sum.cpu(), "n_sum": n_sum})
 
 
-def open_sweep_run(cfg: SweepConfig, allow_tf32: bool = False, root=None, experiment: str = EXPERIMENT
-                   ) -> results.Run:
+def open_sweep_run(cfg: SweepConfig, root=None, experiment: str = EXPERIMENT) -> results.Run:
     """The results-cache folder of a sweep (complete or not); ``experiment`` names its family of runs
     (``toy`` for chapter 3's sweep, ``toy-calibration`` for its long edge-cell runs)."""
-    config = cfg.validate().to_dict()
-    if allow_tf32:
-        config["tf32"] = True                                  # TF32 changes the numbers: its own cache entry
-    return results.open_run(experiment, config, root=root)
+    return results.open_run(experiment, cfg.validate().to_dict(), root=root)
 
 
 def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, chunk: int | None = None,
-              allow_tf32: bool = False, stop_at_step: int | None = None, checkpoint_every: int | None = None,
+              stop_at_step: int | None = None, checkpoint_every: int | None = None,
               root=None, experiment: str = EXPERIMENT, force: bool = False) -> results.Run | None:
     """Run (or resume, or load) a sweep; returns the complete run. Its lifecycle (opening, repairing a damaged
     folder, ``force``, timing across resumes, the manifest, Ctrl-C) is :func:`depthlib.results.computing`'s.
@@ -158,15 +158,13 @@ def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, c
     run restarts from the last one, and recomputes identically the few evaluations after it, if any.
     ``stop_at_step`` interrupts the run after the evaluation at that step (for tests) and returns None."""
     config = cfg.validate().to_dict()
-    if allow_tf32:
-        config["tf32"] = True                                  # TF32 changes the numbers: its own cache entry
     with results.computing(experiment, config, profile=cfg.profile, code=(f"{__name__}:run_sweep",), seed=cfg.seed,
                            device=str(resolve_device(device)), force=force, root=root, checkpoints=("checkpoint.pt",),
                            saves="the sweep's last checkpoint (every evaluation on the CPU) is in {folder}") as job:
         if job.complete:
             return job.run
         run = job.run
-        eng, students, teachers = build_engine(cfg, device, chunk, allow_tf32)
+        eng, students, teachers = build_engine(cfg, device, chunk)
         if checkpoint_every is None:
             checkpoint_every = cfg.eval_every * (1 if eng.device.type == "cpu" else 10)
         train_sum, n_sum = torch.zeros(eng.K, dtype=torch.float64, device=eng.device), 0
@@ -184,7 +182,7 @@ def run_sweep(cfg: SweepConfig, device: str = "cpu", *, progress: bool = True, c
                 ckpt.unlink()
                 for name in run.tables("curve_"):
                     run.table_path(name).unlink()
-                eng, students, teachers = build_engine(cfg, device, chunk, allow_tf32)
+                eng, students, teachers = build_engine(cfg, device, chunk)
                 train_sum, n_sum, start = torch.zeros(eng.K, dtype=torch.float64, device=eng.device), 0, 0
         bar = None
         if progress:

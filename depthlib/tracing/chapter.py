@@ -9,11 +9,12 @@ every kind of the profile) and ``facts_M`` (the fact-set traces at the profile's
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
 import pandas as pd
@@ -56,6 +57,14 @@ class TracingProfile(Profile):
     n_check: int | None = None         # facts checked for top-1 knowledge (None: all; smoke checks a few)
     dtype: str = "float32"             # fp32: CPUs without avx512_bf16 run bf16 ~7x slower (measured here)
     seed: int = 1
+    # models traced beside ``models`` (e.g. ``depthlib tracing --profile cpu --model M``): they join the run's
+    # ``models``, but settings with them are still the profile's (its name labels the run)
+    extra_models: tuple[str, ...] = field(default=(), compare=False)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out.pop("extra_models")
+        return out
 
 
 PROFILES = {
@@ -81,12 +90,11 @@ def settings(profile: str | TracingProfile) -> TracingProfile:
     return results.profile_settings(profile, PROFILES)
 
 
-def chapter_config(profile: str | TracingProfile, extra_models: Sequence[str] = ()) -> dict:
-    """The results-cache config of a chapter run: the profile's settings, its models and prompts, the fact set.
-
-    The device is not part of it (it changes speed, not the numbers; the manifest records it)."""
+def chapter_config(profile: str | TracingProfile) -> dict:
+    """The results-cache config of a chapter run: the profile's settings, its models (``extra_models`` last) and
+    prompts, the fact set. The device is not part of it (it changes speed, not the numbers; the manifest records it)."""
     prof = settings(profile)
-    return {**prof.to_dict(), "models": list(prof.models) + list(extra_models),
+    return {**prof.to_dict(), "models": list(prof.models) + list(prof.extra_models),
             "prompts": [list(p) for p in CHAPTER_PROMPTS[: prof.n_prompts]], "facts": _facts_digest(load_facts())}
 
 
@@ -212,19 +220,21 @@ def model_done(run: results.Run, name: str) -> bool:
     return all(run.has(f"{t}_{safe_name(name)}") for t in ("check", "prompts", "facts", "baseline"))
 
 
-def compute(profile: str | TracingProfile = "smoke", *, extra_models: Sequence[str] = (), device: str = "cpu",
-            progress: bool = False, force: bool = False, executor=None, shards: int | None = None) -> results.Run:
-    """Compute (or resume, or load) the chapter's tables for ``profile`` in the local results cache; returns the Run
-    (the lifecycle of :func:`depthlib.results.computing`). Models already done (all four tables written) are skipped,
-    so an interrupted run resumes. With an :class:`depthlib.executors.ExecutorConfig` other than serial, the same run
-    is computed as its jobs, each model's facts in ``shards`` slices (default: its worker count;
-    :func:`run_sharded`). Custom settings (a :class:`TracingProfile`) are traced in this process."""
+def compute(cfg: str | TracingProfile, device: str = "cpu", *, force: bool = False, progress: bool = True,
+            executor=None) -> results.Run:
+    """Compute (or resume, or load) the chapter's tables for ``cfg`` (a profile's name, or its settings) in the
+    local results cache; returns the Run (the lifecycle of :func:`depthlib.results.computing`). Models already done
+    (all four tables written) are skipped, so an interrupted run resumes. With an
+    :class:`depthlib.executors.ExecutorConfig` other than serial, the same run is computed as its jobs, each model's
+    facts in its number of shards (:func:`run_sharded`). Custom settings (a :class:`TracingProfile` that is no
+    profile's own) are traced in this process."""
     if executor is not None and executor.kind != "serial":
-        if not isinstance(profile, str):
+        if not isinstance(cfg, str) and settings(cfg).name == results.CUSTOM:
             raise InputError("custom settings (--set) are traced in this process: drop --executor")
-        return run_sharded(profile, executor, extra_models=extra_models, device=device,
-                           fact_shards=executor.jobs if shards is None else shards)
-    config = chapter_config(profile, extra_models)
+        if force:
+            raise InputError("--force works with --executor serial only")
+        return run_sharded(cfg, executor, device)
+    config = chapter_config(cfg)
     check_models(config["models"])
     with computing(config, device=device, force=force) as job:
         if job.complete:
@@ -258,27 +268,25 @@ def computing(config: dict, *, device: str = "cpu", force: bool = False) -> Iter
 
 
 def runs(profile: str | TracingProfile = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
-         extra_models: Sequence[str] = (), progress: bool = False, shards: int | None = None) -> dict[str, results.Run]:
+         extra_models: Sequence[str] = (), progress: bool = False) -> dict[str, results.Run]:
     """``{"trace": run}``: the run chapter 4 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`,
     among runs whose config is a profile's current one with these ``extra_models``); computed now if there is none,
     in this process or, with an :class:`~depthlib.executors.ExecutorConfig`, as jobs of it (each model's facts in
-    ``shards`` slices). Custom settings (a :class:`TracingProfile`, e.g. ``depthlib tracing --set``) are traced in
-    this process, or loaded from the local cache, never chosen among committed runs."""
+    its number of shards). Custom settings (a :class:`TracingProfile`, e.g. ``depthlib tracing --set``) are traced
+    in this process, or loaded from the local cache, never chosen among committed runs."""
     extra = tuple(extra_models)
     if not isinstance(profile, str):
-        return {"trace": compute(profile, extra_models=extra, device=device, progress=progress, executor=executor)}
+        return {"trace": compute(dataclasses.replace(profile, extra_models=extra), device, progress=progress,
+                                 executor=executor)}
     results.check_profile(profile)
 
     def expected(prof: str) -> dict | None:
-        return chapter_config(prof, extra) if prof in PROFILES else None
+        return chapter_config(dataclasses.replace(PROFILES[prof], extra_models=extra)) if prof in PROFILES else None
 
-    def make() -> results.Run:
-        if executor is not None and executor.kind != "serial":
-            return run_sharded(profile, executor, extra_models=extra, device=device,
-                               **({} if shards is None else {"fact_shards": shards}))
-        return compute(profile, extra_models=extra, device=device, progress=progress)
-
-    return {"trace": results.chapter_run(EXPERIMENT, profile, make, expected_config=expected, rerun=rerun)}
+    cfg = dataclasses.replace(PROFILES[profile], extra_models=extra)
+    return {"trace": results.chapter_run(EXPERIMENT, profile,
+                                         lambda: compute(cfg, device, progress=progress, executor=executor),
+                                         expected_config=expected, rerun=rerun)}
 
 
 def facts_traced(models: Sequence[str], facts: pd.DataFrame) -> dict[str, int]:
@@ -407,13 +415,13 @@ def _run_round(units: list[executors.Unit], executor: executors.ExecutorConfig) 
     return executors.finished_runs(units, executor, "causal tracing")
 
 
-def run_sharded(profile: str, executor: executors.ExecutorConfig, *, extra_models=(), device: str = "cpu",
-                fact_shards: int = 2) -> results.Run:
-    """Compute the chapter run of ``profile`` as jobs of ``executor`` (each model's facts in ``fact_shards``
-    slices) and merge them into the one-process run's cache key; a finished run is loaded."""
+def run_sharded(cfg: str | TracingProfile, executor: executors.ExecutorConfig, device: str = "cpu") -> results.Run:
+    """Compute the chapter run of ``cfg`` (a profile's name or its settings) as jobs of ``executor`` (each model's
+    facts in its number of shards) and merge them into the one-process run's cache key; a finished run is loaded."""
+    fact_shards = executor.n_shards()
     if fact_shards < 1:
         raise InputError(f"--shards must be >= 1, got {fact_shards}")
-    config = chapter_config(profile, extra_models)
+    config = chapter_config(cfg)
     check_models(config["models"])
     with computing(config, device=device) as job:
         if job.complete:
