@@ -40,6 +40,9 @@ class Measurement:
     note: str = ""
     converged: bool = True      # False: from students or models still improving: undecided
     certified: tuple[int, int] | None = None    # (certified, of) the students behind the number, where one certifies
+    # (least, most) of what the last continuation of each uncertified student behind the number still gained, as a
+    # fraction of its held-out loss: why a certificate is missing (None where not measured, or all are certified)
+    gaining: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

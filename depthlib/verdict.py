@@ -71,6 +71,46 @@ class Row:
                        + (f"{m.model}'s interval" if len(self.measurements) > 1 else "the interval"))
         return "; ".join(out)
 
+    @property
+    def why(self) -> str:
+        """What the status alone does not say: for a row that *differs*, by how much (:attr:`how_much`); for an
+        *undecided* one, what keeps each of its undecided measurements from deciding."""
+        if self.status == "differs":
+            return self.how_much
+        if self.status != "undecided":
+            return ""
+        short = [m.model.split(",")[0] for m in self.measurements]      # "looped, effective depths …" → "looped"
+        labels = short if len(set(short)) == len(short) else [m.model for m in self.measurements]
+        reasons = [(label, undecided_because(self.claim, m)) for label, m in zip(labels, self.measurements)]
+        return "; ".join(why if len(self.measurements) == 1 else f"{label}: {why}" for label, why in reasons if why)
+
+
+def undecided_because(claim: Claim, m: Measurement) -> str:
+    """Why ``m`` cannot decide ``claim`` ("" where it decides): no number (the row's note says why; how many students
+    are certified); students or models not certified (how many are, and what the others' last continuations still
+    gained); no interval; or an interval across an edge of the claim's region."""
+    if not math.isfinite(m.value):
+        return "no result" + (f" ({m.certified[0]} of {m.certified[1]} certified)" if m.certified else "")
+    if not m.converged:
+        if m.certified is None:
+            return "not certified"
+        text = f"{m.certified[0]} of {m.certified[1]} certified"
+        if m.gaining is not None:
+            text += f"; the others' last continuations still gained {_percent_range(*m.gaining)}"
+        return text
+    if m.lo is None or m.hi is None or not (math.isfinite(m.lo) and math.isfinite(m.hi)):
+        return "no interval"
+    if status(claim.paper, claim.region, m.value, m.lo, m.hi) != "undecided":
+        return ""
+    k, (r_lo, r_hi) = (100.0 if claim.percent else 1.0), claim.region
+    edges = [e for e, crossed in ((r_lo, m.lo < r_lo <= m.hi), (r_hi, m.lo <= r_hi < m.hi)) if crossed]
+    return "the interval reaches across the region's edge " + " and ".join(_fmt(k * e, claim.digits) for e in edges)
+
+
+def _percent_range(lo: float, hi: float) -> str:
+    """A range of fractions as per cent: "4.3–11.7 %"."""
+    return f"{100 * lo:.1f}–{100 * hi:.1f} %"
+
 
 # ---- small computations the chapters do not make ---------------------------------------------------------
 def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
@@ -181,8 +221,11 @@ def _converged_summary(parts: dict[str, results.Run | None]) -> tuple[pd.DataFra
     if run is not None and {"alpha_summary", "certified"} <= set(run.tables()):
         summary = run.table("alpha_summary")
         summary = summary[summary["fit"] == "envelope"]
-        counts = run.table("certified").groupby(["teacher", "temperature"])["certified"].agg(
-            n_converged="sum", n_students="size")
+        students = run.table("certified")
+        counts = students.groupby(["teacher", "temperature"])["certified"].agg(n_converged="sum", n_students="size")
+        gains = students[~students["certified"]].groupby(["teacher", "temperature"])["last_continuation_gain"].agg(
+            gain_lo="min", gain_hi="max")
+        counts = counts.join(gains)
         return (summary.merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
                 "certified protocol", "certified")
     run = parts.get("converged")
@@ -197,6 +240,12 @@ def _converged_summary(parts: dict[str, results.Run | None]) -> tuple[pd.DataFra
 def _count(r) -> tuple[int, int]:
     """(certified, of) from a :func:`_converged_summary` row (or the sum of several)."""
     return int(r["n_converged"]), int(r["n_students"])
+
+
+def _gaining(rows: pd.DataFrame) -> tuple[float, float] | None:
+    """(least, most) last continuation gain of the uncertified students of :func:`_converged_summary` ``rows``."""
+    lo, hi = rows.get("gain_lo", pd.Series(dtype=float)).min(), rows.get("gain_hi", pd.Series(dtype=float)).max()
+    return (float(lo), float(hi)) if np.isfinite(lo) and np.isfinite(hi) else None
 
 
 def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
@@ -215,7 +264,8 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                         f"{protocol}, {int(r['replicates'])} replicate(s); "
                                         f"{int(r['n_converged'])} of {int(r['n_students'])} students {word}",
                                         converged=certifies and bool(r["n_converged"] == r["n_students"]),
-                                        certified=_count(r) if certifies else None)]
+                                        certified=_count(r) if certifies else None,
+                                        gaining=_gaining(t.loc[[t["temperature"].idxmax()]]))]
         source = parts.get("certified" if certifies else "converged")
         sep = source.table("separation") if "separation" in source.tables() else pd.DataFrame()
         if len(sep):
@@ -226,7 +276,7 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                 float(r["hi"]), conv_profile, f"{protocol}, paired by replicate ({int(r['n'])}); "
                 f"{int(at['n_converged'].sum())} of {int(at['n_students'].sum())} students {word}",
                 converged=certifies and bool((at["n_converged"] == at["n_students"]).all()),
-                certified=_count(at.sum(numeric_only=True)) if certifies else None)]
+                certified=_count(at.sum(numeric_only=True)) if certifies else None, gaining=_gaining(at))]
         tied = conv[conv["teacher"] == "tied"]
         if len(tied):
             r = tied.loc[tied["temperature"].idxmin()]
@@ -235,7 +285,8 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                                    f"{protocol}; {int(r['n_converged'])} of "
                                                    f"{int(r['n_students'])} students {word}",
                                                    converged=certifies and bool(r["n_converged"] == r["n_students"]),
-                                                   certified=_count(r) if certifies else None)]
+                                                   certified=_count(r) if certifies else None,
+                                                   gaining=_gaining(tied.loc[[tied["temperature"].idxmin()]]))]
     elif "calibration" in chapter.SHOWN_PARTS:
         cal = {kind: run for kind, run in chapter.calibration_parts(parts).items() if run is not None}
         if cal:
@@ -334,7 +385,8 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
         for claim, ms in hierarchy_views.measurements(hierarchy).items():
             out[claim] = [Measurement(f"{m['family']}, effective depths {m['depths']} (unseen RHM; {what[m['task']]})",
                                       m["value"], m["lo"], m["hi"], hierarchy.profile, m["note"],
-                                      converged=m["certified"], certified=m["certified_of"]) for m in ms]
+                                      converged=m["certified"], certified=m["certified_of"],
+                                      gaining=m["gaining"]) for m in ms]
     elif run is not None:
         # its members met a rule of little change at the end of their schedule, which certifies nothing (chapter 3)
         for r in analysis.alpha_table(run).itertuples():
@@ -448,7 +500,7 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
             "chapter": c.chapter, "claim": c.claim, "paper": c.paper_text,
             "this book (95 % interval)": "; ".join(f"{m.model}: {_number(m, c.digits, c.percent)}" for m in ms) or "—",
             "profile": ", ".join(sorted({m.profile or "?" for m in ms})) or "—",
-            "status": r.status + (f" ({r.how_much})" if r.how_much else ""), "holds if": c.region_text})
+            "status": r.status + (f" ({r.why})" if r.why else ""), "holds if": c.region_text})
     return pd.DataFrame(out)
 
 
@@ -462,7 +514,7 @@ def markdown(rows: Sequence[Row], link: Callable[[Claim], str] | None = None) ->
         numbers = "<br>".join(f"{_number(m, c.digits, c.percent)} · {m.model}" for m in r.measurements) or "—"
         note = f" <br><small>{r.note}</small>" if r.note else ""
         profile = ", ".join(sorted({m.profile or "?" for m in r.measurements})) or "—"
-        much = f" <br><small>{r.how_much}</small>" if r.how_much else ""
+        much = f" <br><small>{r.why}</small>" if r.why else ""
         lines.append(f"| {c.claim}{note} | {c.paper_text} | {c.region_text} | {numbers} | {profile} | "
                      f"**{r.status}**{much} | {link(c)} |")
     return "\n".join(lines) + "\n"
@@ -471,11 +523,11 @@ def markdown(rows: Sequence[Row], link: Callable[[Claim], str] | None = None) ->
 RULE_TEXT = ("**How a status is decided.** Each claim holds *qualitatively* in a region of values bounded half-way "
              "between the paper's value and what the rival mechanism predicts (column *holds if*). A 95 % interval "
              "wholly outside the region: **contradicted**; reaching outside it: **undecided** (the run cannot "
-             "decide); inside it and containing the paper's value: **reproduced**; inside it but missing the "
-             "paper's value: **differs** (the direction holds, the number does not); for the book's own predictions "
-             "(no paper value), inside it: **holds**; no run: **not tested here**. A number from students or models "
-             "that are still improving (not certified), or a number without an interval, is **undecided**. "
-             "A row over several models shows the weakest status.")
+             "decide, and the row says why); inside it and containing the paper's value: **reproduced**; inside it "
+             "but missing the paper's value: **differs** (the direction holds, the number does not); for the book's "
+             "own predictions (no paper value), inside it: **holds**; no run: **not tested here**. A number from "
+             "students or models that are still improving (not certified), or a number without an interval, is "
+             "**undecided**. A row over several models shows the weakest status.")
 
 
 def chapter_table(chapter: int, profile: str = "cpu", *, rerun: bool = False) -> pd.DataFrame:
@@ -521,7 +573,8 @@ def substitutions(rows: Sequence[Row]) -> dict[str, str]:
     puts them in the staged ``_config.yml``): ``tally`` (:func:`tally`), ``n_<status>`` (spaces as ``_``), and for each
     claim ``<key>_status``, ``<key>_value`` (its numbers as the table prints them, "; "-joined with the model where a
     row has several; "no run" without one) and ``<key>_certified`` ("2 of 18" students or members certified where a
-    continuation certifies them, per model as the values; else "no certificate"). Every name exists for every profile.
+    continuation certifies them, per model as the values; else "no certificate") and ``<key>_gains`` ("4.3–11.7 %":
+    what the last continuations of the others still gained; else "not measured"). Every name exists for every profile.
     So a recomputed run changes the prose that quotes it, as it changes the table."""
     out = {"tally": tally(rows)}
     out |= {f"n_{s.replace(' ', '_')}": str(sum(r.status == s for r in rows)) for s in STATUSES}
@@ -531,6 +584,8 @@ def substitutions(rows: Sequence[Row]) -> dict[str, str]:
         out[f"{k}_value"] = _per_model(shown, "no run")
         out[f"{k}_certified"] = _per_model({m.model: f"{m.certified[0]} of {m.certified[1]}" for m in r.measurements
                                             if m.certified is not None}, "no certificate")
+        out[f"{k}_gains"] = _per_model({m.model: _percent_range(*m.gaining) for m in r.measurements
+                                        if m.gaining is not None}, "not measured")
     return out
 
 

@@ -80,7 +80,8 @@ def test_the_intro_quotes_its_calibration_numbers_and_statuses_from_the_verdict(
     three rows and the looped toy's two."""
     quoted = set(SUBSTITUTION.findall((ROOT / "book" / "intro.md").read_text(encoding="utf-8")))
     assert {"tally", "tied_alpha_value", "independent_alpha_value", "tied_minus_independent_value",
-            "tied_minus_independent_status", "tied_alpha_certified", "looped_toy_flow_value"} <= quoted
+            "tied_minus_independent_status", "tied_alpha_certified", "tied_alpha_gains", "independent_alpha_gains",
+            "looped_toy_flow_value"} <= quoted
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -203,12 +203,14 @@ def test_chapter3_reads_only_a_protocol_run_its_notebook_shows(tmp_path, monkeyp
 
 def _certified_run(root, rows, uncertified=()):
     """A synthetic certified-protocol run with the cpu profile's settings: its α table and a ``certified`` table of 3
-    students per teacher at T = 1, each certified except the (teacher, depth) students in ``uncertified``."""
+    students per teacher at T = 1, each certified except the (teacher, depth) students in ``uncertified``, whose
+    last continuation gained depth %."""
     run = results.open_run(toy_chapter.CERTIFIED_EXPERIMENT, _protocol_config("certified"), root=root)
     run.path.mkdir(parents=True, exist_ok=True)
     run.write_table("alpha_summary", pd.DataFrame(rows))
     run.write_table("certified", pd.DataFrame([dict(teacher=t, temperature=1.0, depth=d,
-                                                    certified=(t, d) not in uncertified)
+                                                    certified=(t, d) not in uncertified,
+                                                    last_continuation_gain=0.01 * d if (t, d) in uncertified else 0.01)
                                                for t in ("tied", "independent") for d in (6, 12, 24)]))
     run.finish(profile="cpu", seed=0, wall_time_s=1.0, code=["depthlib.measures"])
     return run
@@ -233,6 +235,10 @@ def test_chapter3_prefers_a_certified_run_and_an_uncertified_student_decides_not
     assert tied.status == "reproduced"
     assert rows_out["independent_alpha"].status == "undecided"
     assert "2 of 3 students certified" in rows_out["independent_alpha"].measurements[0].note
+    # and says why: how many are certified, and what the other's last continuation still gained
+    assert rows_out["independent_alpha"].why == "2 of 3 certified; the others' last continuations still gained 24.0–24.0 %"
+    assert verdict.substitutions(list(rows_out.values()))["independent_alpha_gains"] == "24.0–24.0 %"
+    assert "(2 of 3 certified;" in verdict.table(list(rows_out.values())).set_index("claim")["status"].iloc[1]
 
 
 def test_looking_up_a_chapters_runs_computes_nothing(roots, monkeypatch):
@@ -300,6 +306,24 @@ def test_a_row_that_differs_says_by_how_much_and_the_calibration_difference_is_a
         got = {r.claim.key: r for r in verdict.verdict("cpu", rerun=True, chapters=[3])}["tied_minus_independent"]
         assert got.measurements[0].value == 1.9 and got.status == expected
         shutil.rmtree(run.path)
+
+
+def test_an_undecided_row_says_why():
+    """'undecided' is one word for several situations; the row names which: an interval across the region's edge
+    (which edge), no interval, no result, or students not certified (how many are)."""
+    alpha = next(c for c in verdict.CLAIMS if c.key == "tied_alpha")            # holds if α_ℓ > 2
+    edge = alpha.region[0]
+    assert verdict.Row(alpha, [verdict.Measurement("toy", 2.1, 1.9, 2.3)]).why == \
+        f"the interval reaches across the region's edge {edge:.2f}"
+    assert verdict.Row(alpha, [verdict.Measurement("toy", 2.5)]).why == "no interval"
+    assert verdict.Row(alpha, [verdict.Measurement("toy", float("nan"), note="fit at a bound",
+                                                   certified=(0, 3))]).why == "no result (0 of 3 certified)"
+    two = verdict.Row(alpha, [verdict.Measurement("a", 2.5, 2.4, 2.6, converged=False, certified=(1, 4),
+                                                  gaining=(0.031, 0.2)),
+                              verdict.Measurement("b", 2.5, 2.4, 2.6)])
+    assert two.status == "undecided" and two.why == "a: 1 of 4 certified; the others' last continuations still " \
+                                                    "gained 3.1–20.0 %"
+    assert verdict.Row(alpha, [verdict.Measurement("toy", 3.0, 2.9, 3.1)]).why == ""           # it decides
 
 
 def test_substitutions_quote_the_table_and_exist_for_every_claim():

@@ -496,7 +496,7 @@ def measurements(source) -> dict[str, list[dict]]:
     α_ℓ of the task's certified quantity over every effective depth with its 95 % t interval over replicates where
     the fit is shown (else no value, NaN, and why: a run that gives no exponent it can stand behind leaves the claim
     undecided, not untested), whether every member it rests on is certified and how many are (``certified_of``:
-    (certified, of))."""
+    (certified, of)), and the least and most the others' last continuations still gained (``gaining``)."""
     s = _table(source, "fit_stability")
     out: dict[str, list[dict]] = {}
     for claim, wanted in VERDICT_EXPONENTS.items():
@@ -518,7 +518,9 @@ def measurements(source) -> dict[str, list[dict]]:
                     "depths": ", ".join(str(int(d)) for d in sorted(mine["depth"].unique())),
                     "value": float(r["alpha"]) if shown else np.nan, "lo": float(r["lo"]) if shown else np.nan,
                     "hi": float(r["hi"]) if shown else np.nan, "certified": shown and open_.empty,
-                    "certified_of": (len(mine) - len(open_), len(mine)), "note": note})
+                    "certified_of": (len(mine) - len(open_), len(mine)), "note": note,
+                    "gaining": ((float(open_["last_gain"].min()), float(open_["last_gain"].max()))
+                                if len(open_) and open_["last_gain"].notna().any() else None)})
     return out
 
 
