@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
-import inspect
 import json
 import math
 import os
@@ -296,8 +295,7 @@ def _profile_runs(chapter, command: Command, args, own: list[str]) -> dict[str, 
         kwargs["device"] = args.device
     if parts is not None:
         kwargs["parts"] = parts
-    if "progress" in inspect.signature(module.runs).parameters:
-        kwargs["progress"] = True
+    kwargs["progress"] = True
     if not isinstance(settings, str) and command.custom is not None:
         runs = command.custom(args, settings, parts, None if serial else executor)
     else:

@@ -3,7 +3,7 @@
 Every chapter package (:data:`depthlib.chapters.CHAPTERS`) has a module ``<package>.chapter`` with the same names:
 
 ``PROFILES``    ``{"smoke" | "cpu" | "paper": <a Profile>}``, one :class:`Profile` subclass per chapter
-``runs(profile, *, rerun=False, executor=None, device="cpu") -> dict[str, Run]``
+``runs(profile, *, rerun=False, executor=None, device="cpu", progress=False) -> dict[str, Run]``
                 the runs its notebook shows for a profile, by part name, each the one run the rule of
                 :func:`depthlib.results.select_run` picks, computed now (cached, resumable) if there is none
 ``compute(cfg, device="cpu", *, force=False, progress=True, executor=None) -> Run``

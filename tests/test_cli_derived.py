@@ -65,7 +65,7 @@ def test_profile_passes_the_chapters_own_arguments(recorded, capsys, tmp_path):
     csv = tmp_path / "c.csv"
     csv.write_text("x\n")
     assert cli.main(["scaling", "--profile", "smoke", "--data", str(csv), "--rerun", "--json"]) == 0
-    assert calls[-1] == ("smoke", {"rerun": True, "executor": None, "data_path": str(csv)})
+    assert calls[-1] == ("smoke", {"rerun": True, "executor": None, "data_path": str(csv), "progress": True})
     assert json.loads(capsys.readouterr().out)["meaningful"] is False
     calls = recorded("tracing")
     assert cli.main(["tracing", "--profile", "cpu", "--json"]) == 0

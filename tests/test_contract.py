@@ -97,6 +97,9 @@ def test_every_chapter_implements_the_contract(chapter):
         data = profile.to_dict()
         assert json.loads(json.dumps(data)) == data                              # plain JSON
         assert type(profile).from_dict(data) == profile                          # and back, nested types included
+    # every ``runs`` takes the profile and the same keywords (a chapter may add its own: parts, extra models, a CSV)
+    keywords = inspect.signature(module.runs).parameters
+    assert {"rerun", "executor", "device", "progress"} <= set(keywords), f"{module.__name__}.runs{keywords}"
     # one shape of ``compute`` for every chapter: the settings of one run, where, and the lifecycle's switches
     shape = [(p.name, p.kind, p.default) for p in inspect.signature(module.compute).parameters.values()]
     assert shape == COMPUTE_SHAPE, f"{module.__name__}.compute{inspect.signature(module.compute)}"

@@ -133,10 +133,10 @@ def check_bootstrap_memory(n_rows: int, n_resamples: int, law_name: str = "decom
 
 
 def runs(profile: str | ScalingProfile = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
-         data_path: str | Path | None = None) -> dict[str, results.Run]:
+         progress: bool = False, data_path: str | Path | None = None) -> dict[str, results.Run]:
     """``{"fits": run}``: the run chapter 1 shows for ``profile`` (the one rule: :func:`depthlib.results.select_run`,
     among runs whose config is a profile's current settings on this CSV); computed now if there is none. The fits
-    are CPU work in this process (``executor`` and ``device`` change nothing). Custom settings (a
+    are CPU work in this process (``executor``, ``device`` and ``progress`` change nothing). Custom settings (a
     :class:`ScalingProfile`) are computed, or loaded from the local cache, never chosen among committed runs."""
     if not isinstance(profile, str):
         return {"fits": compute(dataclasses.replace(profile, csv=data_path or profile.csv))}

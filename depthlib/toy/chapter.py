@@ -265,16 +265,17 @@ def calibration_runs(profile: str = "smoke", device: str = "cpu", *, rerun: bool
     return {kind: found[kind] for kind in kinds}
 
 
-def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu",
+def runs(profile: str = "smoke", *, rerun: bool = False, executor=None, device: str = "cpu", progress: bool = False,
          parts: tuple[str, ...] = SHOWN_PARTS) -> dict[str, results.Run]:
     """The runs chapter 3 shows for ``profile``, by part: ``sweep`` (the phase diagram) and
-    ``calibration-tied``, ``calibration-independent``; each found by the one rule or computed now."""
+    ``calibration-tied``, ``calibration-independent``; each found by the one rule or computed now (``progress``: the
+    sweep's progress bar, where it is trained in this process)."""
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise InputError(f"chapter 3 has no part(s) {', '.join(sorted(unknown))} (have {', '.join(PARTS)})")
     out = {}
     if "sweep" in parts:
-        out["sweep"] = sweep_run(profile, device, rerun=rerun, executor=executor)
+        out["sweep"] = sweep_run(profile, device, rerun=rerun, executor=executor, progress=progress)
     if "calibration" in parts:
         out.update({f"calibration-{k}": r for k, r in
                     calibration_runs(profile, device, rerun=rerun, executor=executor).items()})
