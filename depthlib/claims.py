@@ -28,6 +28,13 @@ from depthlib.errors import InputError
 STATUSES = ("reproduced", "holds", "differs", "undecided", "contradicted", "not tested here")
 
 
+def gain_range(gains) -> str:
+    """The least and most of ``gains`` (fractions, e.g. what the last continuations of uncertified students still
+    gained) as per cent, "4.3–11.7 %"; "" without any (NaN ignored)."""
+    g = [float(x) for x in gains if x == x]
+    return f"{100 * min(g):.1f}–{100 * max(g):.1f} %" if g else ""
+
+
 @dataclass(frozen=True)
 class Measurement:
     """The book's number for one claim on one model: value, 95 % interval (None: no interval), where it is from."""

@@ -541,7 +541,7 @@ def _cmd_probes(args) -> dict[str, Any]:
                          f"--no-lenses turns off: drop one or the other")
     lens_tokens = 16 if args.lens_tokens is None else args.lens_tokens          # the help's default
     cfg = probes.ProbeConfig(max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
-                             device=args.device, lenses=not args.no_lenses,
+                             lenses=not args.no_lenses,
                              lens_tokens_per_doc=lens_tokens or None, lens_docs=args.lens_docs, seed=args.seed)
     if lens_tokens < 0:
         raise InputError(f"--lens-tokens must be >= 0 (0: all tokens), got {lens_tokens}")

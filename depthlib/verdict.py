@@ -31,6 +31,7 @@ from depthlib.claims import (  # noqa: F401 - the verdict's one namespace: claim
     STATUSES,
     Claim,
     Measurement,
+    gain_range,
     region_status,
     status,
     t_interval,
@@ -96,7 +97,7 @@ def undecided_because(claim: Claim, m: Measurement) -> str:
             return "not certified"
         text = f"{m.certified[0]} of {m.certified[1]} certified"
         if m.gaining is not None:
-            text += f"; the others' last continuations still gained {_percent_range(*m.gaining)}"
+            text += f"; the others' last continuations still gained {gain_range(m.gaining)}"
         return text
     if m.lo is None or m.hi is None or not (math.isfinite(m.lo) and math.isfinite(m.hi)):
         return "no interval"
@@ -105,11 +106,6 @@ def undecided_because(claim: Claim, m: Measurement) -> str:
     k, (r_lo, r_hi) = (100.0 if claim.percent else 1.0), claim.region
     edges = [e for e, crossed in ((r_lo, m.lo < r_lo <= m.hi), (r_hi, m.lo <= r_hi < m.hi)) if crossed]
     return "the interval reaches across the region's edge " + " and ".join(_fmt(k * e, claim.digits) for e in edges)
-
-
-def _percent_range(lo: float, hi: float) -> str:
-    """A range of fractions as per cent: "4.3–11.7 %"."""
-    return f"{100 * lo:.1f}–{100 * hi:.1f} %"
 
 
 # ---- small computations the chapters do not make ---------------------------------------------------------
@@ -584,7 +580,7 @@ def substitutions(rows: Sequence[Row]) -> dict[str, str]:
         out[f"{k}_value"] = _per_model(shown, "no run")
         out[f"{k}_certified"] = _per_model({m.model: f"{m.certified[0]} of {m.certified[1]}" for m in r.measurements
                                             if m.certified is not None}, "no certificate")
-        out[f"{k}_gains"] = _per_model({m.model: _percent_range(*m.gaining) for m in r.measurements
+        out[f"{k}_gains"] = _per_model({m.model: gain_range(m.gaining) for m in r.measurements
                                         if m.gaining is not None}, "not measured")
     return out
 

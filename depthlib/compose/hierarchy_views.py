@@ -85,8 +85,7 @@ def _num(v: float) -> str:
 
 
 def _gain_range(g: pd.Series) -> str:
-    g = g.dropna()
-    return "—" if g.empty else f"{100 * g.min():.1f}–{100 * g.max():.1f} %"
+    return claims.gain_range(g) or "—"
 
 
 # ---- tables --------------------------------------------------------------------------------------------------------

@@ -39,7 +39,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from depthlib.claims import PLATEAU_SLOPE  # the interval below it: "plateau"; wholly above: "still falling"
+from depthlib.claims import (
+    PLATEAU_SLOPE,  # the interval below it: "plateau"; wholly above: "still falling"
+    gain_range,
+)
 from depthlib.compose.analysis import mean_interval
 from depthlib.errors import InputError
 from depthlib.sources import config as _config
@@ -688,8 +691,7 @@ def _gain_range(students: pd.DataFrame) -> str:
     open_ = students[~students["certified"].astype(bool)]
     if open_.empty:
         return ""
-    g = 100 * open_["last_continuation_gain"].astype(float)
-    return f"last continuations still gained {g.min():.1f}–{g.max():.1f} %"
+    return f"last continuations still gained {gain_range(open_['last_continuation_gain'].astype(float))}"
 
 
 def _tied_sentence(run, untied, temp: float) -> str:
@@ -862,9 +864,8 @@ def conclusion_text(run, untied) -> str:
     cert = f"{int(looped['certified'].sum())} of {len(looped)}"
     open_ = looped[~looped["certified"].astype(bool)]
     lines.append(f"{cert} looped students are certified"
-                 + (f" (the others' last continuations gained "
-                    f"{100 * open_['last_continuation_gain'].min():.1f}–"
-                    f"{100 * open_['last_continuation_gain'].max():.1f} %)" if len(open_) else "")
+                 + (f" (the others' last continuations gained {gain_range(open_['last_continuation_gain'])})"
+                    if len(open_) else "")
                  + "; a comparison resting on a student that is not certified is reported *not certified* and decides "
                  "nothing, and one whose interval includes its comparison value is *undecided*.")
     wall = _manifest(run).get("wall_time_s")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from depthlib.claims import gain_range
 from depthlib.lm import fit
 from depthlib.sources import table as _table
 
@@ -309,6 +310,6 @@ def answer(source) -> str:
     else:
         open_ = m[~m["certified"]]
         text += (f"**Undecided:** {len(open_)} of {len(m)} members are not certified (last continuation gains "
-                 f"{100 * open_['last_gain'].min():.1f}–{100 * open_['last_gain'].max():.1f} %), so these exponents "
+                 f"{gain_range(open_['last_gain'])}), so these exponents "
                  "are measured on members still improving and decide no claim.")
     return text

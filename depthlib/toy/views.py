@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results
+from depthlib.claims import gain_range
 from depthlib.contract import from_dict
 from depthlib.toy import certified
 
@@ -44,8 +45,7 @@ def certified_answer(run: results.Run) -> str:
         decided[(teacher, temp)] = bool(c["certified"].all())
         status = ("certified" if decided[(teacher, temp)] else
                   f"**undecided by the certificate**: {int((~c['certified']).sum())} of {len(c)} students' last "
-                  f"continuations still gained {100 * c.loc[~c['certified'], 'last_continuation_gain'].min():.1f}–"
-                  f"{100 * c.loc[~c['certified'], 'last_continuation_gain'].max():.1f} %")
+                  f"continuations still gained {_gains(c)}")
         parts.append(f"The {teacher} teacher at T = {temp:g} is {status}. Its envelope's α_ℓ is {env['alpha']:.2f} "
                      f"[{env['lo']:.2f}, {env['hi']:.2f}] after {steps} steps a student; over the last round of "
                      f"continuations it moved by {moved:.3f}, "
@@ -67,8 +67,7 @@ def certified_answer(run: results.Run) -> str:
 
 def _gains(c: pd.DataFrame) -> str:
     """The range of the last continuation gains (%) of the students of ``c`` that are not certified."""
-    g = 100 * c.loc[~c["certified"], "last_continuation_gain"]
-    return f"{g.min():.1f}–{g.max():.1f} %" if len(g) else ""
+    return gain_range(c.loc[~c["certified"], "last_continuation_gain"])
 
 
 def _envelope(summary: pd.DataFrame, teacher: str, temperature: float) -> pd.Series | None:
