@@ -14,8 +14,8 @@
 GPT-NeoX's betas and no weight decay, a global gradient-norm clip, one fresh batch per step: the sample indices
 ``start … start + steps·batch − 1`` of the training stream (:func:`depthlib.compose.rhm.sample`), so a member's
 training sequences are known exactly and can be checked against the held-out set (:mod:`depthlib.compose.unseen`).
-The loop is written out here, not shared with :func:`depthlib.compose.train.train`, so that the committed grammar
-run's code stays as it was; it takes a task and a device.
+Its optimiser steps are the book's one loop (:func:`depthlib.training.optimise`), as are
+:func:`depthlib.compose.train.train`'s; this stage takes a task and a device.
 
 **The certificate** is the book's (:mod:`depthlib.certificate`, :data:`~depthlib.certificate.GAIN_BELOW`): after
 the main stage, a **continuation** from the member's final weights — a fresh schedule of ``continuation`` × its
@@ -56,6 +56,7 @@ from depthlib.compose.model import ComposeModel, token_nll
 from depthlib.compose.roots import evaluate_root, root_nll
 from depthlib.compose.train import TRAIN_STREAM, GrammarTrainConfig, evaluate
 from depthlib.errors import InputError
+from depthlib.training import optimise
 
 TASKS = ("leaf", "root")
 
@@ -171,36 +172,24 @@ def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Gramm
     cfg.validate()
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, weight_decay=0.0)
-    evals = set(cfg.eval_steps())
     t0 = time.perf_counter()
     m = measure(task, model, held)
     rows = [{"step": 0, "lr": 0.0, "train_loss": np.nan, **{k: m[k] for k in ("val_loss", "excess", "accuracy")}}]
-    run_sum, run_n = 0.0, 0
-    model.train()
-    for step in range(cfg.steps):
-        lr = cfg.rate(step)
-        for group in opt.param_groups:
-            group["lr"] = lr
+
+    def loss(step: int) -> torch.Tensor:
         a = start + step * cfg.batch_size
         leaves, levels, _ = rhm.sample(grammar, np.arange(a, a + cfg.batch_size), TRAIN_STREAM, with_tree=True)
-        loss = batch_loss(task, model, torch.from_numpy(leaves).to(device),
+        return batch_loss(task, model, torch.from_numpy(leaves).to(device),
                           torch.from_numpy(levels[0][:, 0].copy()).to(device))
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        run_sum, run_n = run_sum + float(loss.detach()), run_n + 1
-        done = step + 1
-        if on_step is not None:
-            on_step(done)
-        if done in evals:
-            m = measure(task, model, held)
-            rows.append({"step": done, "lr": lr, "train_loss": run_sum / run_n,
-                         **{k: m[k] for k in ("val_loss", "excess", "accuracy")}})
-            run_sum, run_n = 0.0, 0
-            if stop_at is not None and done >= stop_at:
-                break
+
+    for interval in optimise(model, opt, first=0, last=cfg.steps, rate=cfg.rate, loss=loss, grad_clip=cfg.grad_clip,
+                             evals=set(cfg.eval_steps()),
+                             on_step=None if on_step is None else lambda done, _: on_step(done)):
+        m = measure(task, model, held)
+        rows.append({"step": interval.step, "lr": interval.lr, "train_loss": interval.train_loss,
+                     **{k: m[k] for k in ("val_loss", "excess", "accuracy")}})
+        if stop_at is not None and interval.step >= stop_at:
+            break
     return pd.DataFrame(rows), {**m, "seconds": time.perf_counter() - t0}
 
 

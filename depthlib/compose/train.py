@@ -24,6 +24,7 @@ import torch
 from depthlib.compose import rhm
 from depthlib.compose.model import ComposeModel, token_nll
 from depthlib.errors import InputError
+from depthlib.training import optimise
 from depthlib.validate import finite, int_in_range
 
 #: chapter 3's convergence rule (:data:`depthlib.toy.converged.CONVERGED_BELOW`, ``LAST_FRACTION``; a test checks
@@ -126,37 +127,25 @@ def train(model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, *,
     bayes_mean = float(bayes.mean())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
                             weight_decay=0.0)
-    evals = set(cfg.eval_steps())
-    rows, run_sum, run_n = [], 0.0, 0
     offset = int(seed) * cfg.steps * cfg.batch_size
     t0 = time.perf_counter()
     per_seq = evaluate(model, leaves)
-    rows.append({"step": 0, "lr": 0.0, "train_loss": np.nan, "val_loss": float(per_seq.mean()),
-                 "excess": float(per_seq.mean()) - bayes_mean})
-    model.train()
-    for step in range(cfg.steps):
-        lr = cfg.rate(step)
-        for group in opt.param_groups:
-            group["lr"] = lr
+    rows = [{"step": 0, "lr": 0.0, "train_loss": np.nan, "val_loss": float(per_seq.mean()),
+             "excess": float(per_seq.mean()) - bayes_mean}]
+
+    def batch_loss(step: int) -> torch.Tensor:
         start = offset + step * cfg.batch_size
         x = torch.from_numpy(rhm.sample(grammar, np.arange(start, start + cfg.batch_size), TRAIN_STREAM))
-        loss = token_nll(model, x).mean()
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        run_sum, run_n = run_sum + float(loss.detach()), run_n + 1
-        done = step + 1
-        if on_step is not None:
-            on_step(done)
-        if done in evals:
-            per_seq = evaluate(model, leaves)
-            rows.append({"step": done, "lr": lr, "train_loss": run_sum / run_n, "val_loss": float(per_seq.mean()),
-                         "excess": float(per_seq.mean()) - bayes_mean})
-            run_sum, run_n = 0.0, 0
-            if stop_at is not None and done >= stop_at:
-                return {"curve": pd.DataFrame(rows)}
+        return token_nll(model, x).mean()
+
+    for interval in optimise(model, opt, first=0, last=cfg.steps, rate=cfg.rate, loss=batch_loss,
+                             grad_clip=cfg.grad_clip, evals=set(cfg.eval_steps()),
+                             on_step=None if on_step is None else lambda done, _: on_step(done)):
+        per_seq = evaluate(model, leaves)
+        rows.append({"step": interval.step, "lr": interval.lr, "train_loss": interval.train_loss,
+                     "val_loss": float(per_seq.mean()), "excess": float(per_seq.mean()) - bayes_mean})
+        if stop_at is not None and interval.step >= stop_at:
+            return {"curve": pd.DataFrame(rows)}
     curve = pd.DataFrame(rows)
     rel = relative_improvement(curve, "val_loss")
     return {"curve": curve, "rel_improvement": rel, "rel_improvement_excess": relative_improvement(curve, "excess"),

@@ -2,14 +2,16 @@
 
 Deterministic by construction: no dropout, the data order is a function of (seed, step)
 (:func:`depthlib.lm.corpus.batch_windows`), the learning rate a function of the step (:func:`learning_rate`), and a
-checkpoint holds the weights, AdamW's moments and the running loss sums, so a run resumed from a checkpoint computes
-bit for bit what the uninterrupted run computes (on the same machine and thread count; unit-tested).
+checkpoint (saved at every evaluation) holds the weights, AdamW's moments and the record so far, so a run resumed from a
+checkpoint computes bit for bit what the uninterrupted run computes (on the same machine and thread count;
+unit-tested). The optimiser steps are the book's one loop, :func:`depthlib.training.optimise`.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +22,7 @@ import torch
 from depthlib import results
 from depthlib.errors import InputError
 from depthlib.lm.corpus import TokenData, batch_windows
+from depthlib.training import optimise
 from depthlib.validate import finite, int_in_range
 
 
@@ -133,7 +136,7 @@ def train_model(model, data: TokenData, cfg: TrainConfig, *, seed: int, checkpoi
     device = next(model.parameters()).device
     opt = make_optimizer(model, cfg)
     tokens_per_step = cfg.batch_size * data.train.shape[1]
-    state = {"step": 0, "train_sum": 0.0, "train_n": 0, "curve": [], "doc_losses": [], "extra": {},
+    state = {"step": 0, "curve": [], "doc_losses": [], "extra": {},
              "seconds": 0.0, "eval_seconds": 0.0}
     if checkpoint is not None and Path(checkpoint).exists():
         saved = torch.load(checkpoint, weights_only=False, map_location=device)
@@ -142,15 +145,13 @@ def train_model(model, data: TokenData, cfg: TrainConfig, *, seed: int, checkpoi
         state = saved
     evals = set(cfg.eval_steps())
 
-    def record(step: int) -> None:
+    def record(step: int, train: float) -> None:
         t0 = time.perf_counter()
         docs = evaluate(model, data, cfg.eval_batch_size)
         val = float(docs["nll_sum"].sum() / max(docs["n_tokens"].sum(), 1))
-        train = state["train_sum"] / state["train_n"] if state["train_n"] else float("nan")
         state["curve"].append({"step": step, "lr": learning_rate(cfg, max(step - 1, 0)) if step else 0.0,
                                "tokens_seen": step * tokens_per_step, "train_loss": train, "val_loss": val})
         state["doc_losses"].append(docs.assign(step=step))
-        state["train_sum"], state["train_n"] = 0.0, 0
         if on_eval is not None:
             for name, table in (on_eval(step, model) or {}).items():
                 state["extra"].setdefault(name, []).append(table)
@@ -161,37 +162,24 @@ def train_model(model, data: TokenData, cfg: TrainConfig, *, seed: int, checkpoi
             results.atomic_torch_save(Path(checkpoint), {**state, "step": step, "model": model.state_dict(),
                                                         "optimizer": opt.state_dict()})
 
-    model.train()
     if state["step"] == 0 and not state["curve"]:
-        record(0)
+        record(0, float("nan"))
         save(0)
     if stop_at_step is not None and state["step"] >= stop_at_step:
         return None
-    for step in range(state["step"], cfg.steps):
-        t0 = time.perf_counter()
-        lr = learning_rate(cfg, step)
-        for group in opt.param_groups:
-            group["lr"] = lr
+
+    def batch_loss(step: int) -> torch.Tensor:
         ids = data.train[torch.from_numpy(batch_windows(step, cfg.batch_size, data.n_windows, seed))].to(device)
-        loss = token_losses(model, ids).mean()                           # (batch, context - 1) -> scalar
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        value = float(loss.detach())
-        state["train_sum"] += value
-        state["train_n"] += 1
-        state["seconds"] += time.perf_counter() - t0
-        done = step + 1
-        if on_step is not None:
-            on_step(done, value)
-        if done in evals:
-            record(done)
-            state["step"] = done
-            save(done)
-            if stop_at_step is not None and done >= stop_at_step:
-                return None
+        return token_losses(model, ids).mean()                           # (batch, context - 1) -> scalar
+
+    for interval in optimise(model, opt, first=state["step"], last=cfg.steps, rate=partial(learning_rate, cfg),
+                             loss=batch_loss, grad_clip=cfg.grad_clip, evals=evals, on_step=on_step):
+        state["seconds"] += interval.seconds
+        record(interval.step, interval.train_loss)
+        state["step"] = interval.step
+        save(interval.step)
+        if stop_at_step is not None and interval.step >= stop_at_step:
+            return None
     curve = pd.DataFrame(state["curve"])
     doc_losses = pd.concat(state["doc_losses"], ignore_index=True)
     extra = {name: pd.concat(tables, ignore_index=True) for name, tables in state["extra"].items()}
