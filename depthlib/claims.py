@@ -21,7 +21,7 @@ models takes the weakest of their statuses.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from depthlib.errors import InputError
 
@@ -50,6 +50,9 @@ class Measurement:
     # (least, most) of what the last continuation of each uncertified student behind the number still gained, as a
     # fraction of its held-out loss: why a certificate is missing (None where not measured, or all are certified)
     gaining: tuple[float, float] | None = None
+    # further numbers of the run behind it that the book's prose quotes, by name (:data:`depthlib.verdict.FACTS`),
+    # formatted as the chapter prints them: e.g. the exponent without the shallowest depths
+    facts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -80,10 +80,25 @@ class Row:
             return self.how_much
         if self.status != "undecided":
             return ""
-        short = [m.model.split(",")[0] for m in self.measurements]      # "looped, effective depths …" → "looped"
-        labels = short if len(set(short)) == len(short) else [m.model for m in self.measurements]
+        labels = short_labels([m.model for m in self.measurements])
         reasons = [(label, undecided_because(self.claim, m)) for label, m in zip(labels, self.measurements)]
         return "; ".join(why if len(self.measurements) == 1 else f"{label}: {why}" for label, why in reasons if why)
+
+
+def short_labels(models: Sequence[str]) -> list[str]:
+    """The labels of a row's several models, as short as still tells them apart: the text before the first comma
+    ("looped, effective depths 3, 4 (unseen RHM; root error)" → "looped"), and where that is not unique, with what
+    its parenthesis says that the others' do not ("untied (root error)"); else the whole labels. One model keeps its
+    whole label (its depths or teacher are then what the cell says)."""
+    if len(models) < 2:
+        return list(models)
+    heads = [m.split(",")[0] for m in models]
+    if len(set(heads)) == len(heads):
+        return heads
+    notes = [m[m.rfind("(") + 1:m.rfind(")")].split("; ") if m.endswith(")") else [] for m in models]
+    shared = set.intersection(*map(set, notes))
+    out = [f"{h} ({'; '.join(x for x in n if x not in shared)})" for h, n in zip(heads, notes)]
+    return out if len(set(out)) == len(out) else list(models)
 
 
 def undecided_because(claim: Claim, m: Measurement) -> str:
@@ -244,6 +259,31 @@ def _gaining(rows: pd.DataFrame) -> tuple[float, float] | None:
     return (float(lo), float(hi)) if np.isfinite(lo) and np.isfinite(hi) else None
 
 
+def _toy_facts(parts: dict[str, results.Run | None], teacher: str, temperature: float) -> dict[str, str]:
+    """:data:`FACTS` of a chapter 3 row, from its certified run: the envelope's α_ℓ fitted without its shallowest
+    depths (``without_shallowest``, the fragility table's "without ℓ ≤ …" fit), the envelope's α_ℓ before the first
+    and after the last round of continuations (``rounds``, "0.84 → 0.89") and how many held-out losses lie farther
+    from their pool losses than the protocol allows (``far_from_pool``, "11 of 18")."""
+    run = parts.get("certified")
+    if run is None or not {"fragility", "certified"} <= set(run.tables()):
+        return {}
+    frag, cert = run.table("fragility"), run.table("certified")
+    frag = frag[(frag["teacher"] == teacher) & np.isclose(frag["temperature"], temperature)
+                & frag["fit"].str.startswith("without ℓ ≤")]
+    cert = cert[(cert["teacher"] == teacher) & np.isclose(cert["temperature"], temperature)]
+    out = {"far_from_pool": f"{int((~cert['within_gap']).sum())} of {len(cert)}"}
+    if "alpha_rounds" in run.tables():
+        rounds = run.table("alpha_rounds")
+        rounds = rounds[(rounds["teacher"] == teacher) & np.isclose(rounds["temperature"], temperature)]
+        if len(rounds) > 1:
+            alpha = rounds.sort_values("round")["alpha"]
+            out["rounds"] = f"{alpha.iloc[0]:.2f} → {alpha.iloc[-1]:.2f}"
+    if len(frag):
+        f = frag.iloc[0]
+        out["without_shallowest"] = _number(Measurement("", f["alpha"], f["lo"], f["hi"]), 2)
+    return out
+
+
 def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     from depthlib.toy import analysis, chapter
     parts = _shown("toy", profile, rerun, parts=chapter.SHOWN_PARTS)
@@ -261,7 +301,8 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                         f"{int(r['n_converged'])} of {int(r['n_students'])} students {word}",
                                         converged=certifies and bool(r["n_converged"] == r["n_students"]),
                                         certified=_count(r) if certifies else None,
-                                        gaining=_gaining(t.loc[[t["temperature"].idxmax()]]))]
+                                        gaining=_gaining(t.loc[[t["temperature"].idxmax()]]),
+                                        facts=_toy_facts(parts, teacher, float(r["temperature"])))]
         source = parts.get("certified" if certifies else "converged")
         sep = source.table("separation") if "separation" in source.tables() else pd.DataFrame()
         if len(sep):
@@ -282,7 +323,8 @@ def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
                                                    f"{int(r['n_students'])} students {word}",
                                                    converged=certifies and bool(r["n_converged"] == r["n_students"]),
                                                    certified=_count(r) if certifies else None,
-                                                   gaining=_gaining(tied.loc[[tied["temperature"].idxmin()]]))]
+                                                   gaining=_gaining(tied.loc[[tied["temperature"].idxmin()]]),
+                                                   facts=_toy_facts(parts, "tied", float(r["temperature"])))]
     elif "calibration" in chapter.SHOWN_PARTS:
         cal = {kind: run for kind, run in chapter.calibration_parts(parts).items() if run is not None}
         if cal:
@@ -377,7 +419,7 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
     out: dict[str, list[Measurement]] = {"hierarchical": [], "looped": []}
     if hierarchy is not None:       # the unseen, certified control supersedes the first grammar
         from depthlib.compose import hierarchy_views
-        what = {"leaf": "next-leaf excess over the Bayes loss", "root": "root error"}
+        what = {"leaf": "next-leaf excess", "root": "root error"}     # excess over the exact Bayes loss
         for claim, ms in hierarchy_views.measurements(hierarchy).items():
             out[claim] = [Measurement(f"{m['family']}, effective depths {m['depths']} (unseen RHM; {what[m['task']]})",
                                       m["value"], m["lo"], m["hi"], hierarchy.profile, m["note"],
@@ -399,7 +441,8 @@ def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
         for claim, ms in looped_views.measurements(looped_toy).items():
             out[claim] = [Measurement(f"looped students of the {m['teacher']} teacher, ℓ = {m['depths']} (T = 1)",
                                       m["value"], m["lo"], m["hi"], looped_toy.profile, m["note"],
-                                      converged=m["certified"], certified=m["certified_of"]) for m in ms]
+                                      converged=m["certified"], certified=m["certified_of"],
+                                      facts=m.get("facts", {})) for m in ms]
     certified_text = parts.get("text_certified")
     if certified_text is not None:      # the families at chapter 6's certified budget
         from depthlib.compose import text_certified_views
@@ -481,9 +524,10 @@ def _number(m: Measurement, digits: int, percent: bool = False) -> str:
 
 def numbers(row: Row) -> dict[str, str]:
     """{model: "value [lo, hi]"} of a row, printed as the verdict table prints them (a chapter's answer quotes these,
-    so its numbers are the table's)."""
+    so its numbers are the table's); several models by their :func:`short_labels`."""
     c = row.claim
-    return {m.model: _number(m, c.digits, c.percent) for m in row.measurements}
+    return {label: _number(m, c.digits, c.percent)
+            for label, m in zip(short_labels([m.model for m in row.measurements]), row.measurements)}
 
 
 def table(rows: Sequence[Row]) -> pd.DataFrame:
@@ -494,7 +538,7 @@ def table(rows: Sequence[Row]) -> pd.DataFrame:
         ms = r.measurements
         out.append({
             "chapter": c.chapter, "claim": c.claim, "paper": c.paper_text,
-            "this book (95 % interval)": "; ".join(f"{m.model}: {_number(m, c.digits, c.percent)}" for m in ms) or "—",
+            "this book (95 % interval)": "; ".join(f"{label}: {text}" for label, text in numbers(r).items()) or "—",
             "profile": ", ".join(sorted({m.profile or "?" for m in ms})) or "—",
             "status": r.status + (f" ({r.why})" if r.why else ""), "holds if": c.region_text})
     return pd.DataFrame(out)
@@ -564,13 +608,19 @@ def tally(rows: Sequence[Row]) -> str:
     return f"{len(rows)} claims: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if s in counts)
 
 
+#: the further numbers (:attr:`Measurement.facts`) each claim's row offers the prose, ``<key>_<name>``
+FACTS = {"tied_alpha": ("without_shallowest", "rounds"), "independent_alpha": ("without_shallowest", "rounds"),
+         "low_t_incomplete": ("far_from_pool",), "looped_toy_flow": ("scratch",)}
+
+
 def substitutions(rows: Sequence[Row]) -> dict[str, str]:
     """What the hand-written pages quote from the verdict, by name, for MyST's ``{{ name }}`` substitutions (the book build
     puts them in the staged ``_config.yml``): ``tally`` (:func:`tally`), ``n_<status>`` (spaces as ``_``), and for each
     claim ``<key>_status``, ``<key>_value`` (its numbers as the table prints them, "; "-joined with the model where a
     row has several; "no run" without one) and ``<key>_certified`` ("2 of 18" students or members certified where a
     continuation certifies them, per model as the values; else "no certificate") and ``<key>_gains`` ("4.3–11.7 %":
-    what the last continuations of the others still gained; else "not measured"). Every name exists for every profile.
+    what the last continuations of the others still gained; else "not measured") and ``<key>_<fact>`` for the
+    further numbers of :data:`FACTS` ("not measured" where a run has none). Every name exists for every profile.
     So a recomputed run changes the prose that quotes it, as it changes the table."""
     out = {"tally": tally(rows)}
     out |= {f"n_{s.replace(' ', '_')}": str(sum(r.status == s for r in rows)) for s in STATUSES}
@@ -578,10 +628,14 @@ def substitutions(rows: Sequence[Row]) -> dict[str, str]:
         k, shown = r.claim.key, numbers(r)
         out[f"{k}_status"] = r.status
         out[f"{k}_value"] = _per_model(shown, "no run")
-        out[f"{k}_certified"] = _per_model({m.model: f"{m.certified[0]} of {m.certified[1]}" for m in r.measurements
+        labels = list(zip(short_labels([m.model for m in r.measurements]), r.measurements))
+        out[f"{k}_certified"] = _per_model({label: f"{m.certified[0]} of {m.certified[1]}" for label, m in labels
                                             if m.certified is not None}, "no certificate")
-        out[f"{k}_gains"] = _per_model({m.model: gain_range(m.gaining) for m in r.measurements
+        out[f"{k}_gains"] = _per_model({label: gain_range(m.gaining) for label, m in labels
                                         if m.gaining is not None}, "not measured")
+        for name in FACTS.get(k, ()):
+            out[f"{k}_{name}"] = _per_model({label: m.facts[name] for label, m in labels if name in m.facts},
+                                            "not measured")
     return out
 
 

@@ -344,3 +344,28 @@ def test_substitutions_quote_the_table_and_exist_for_every_claim():
     assert (subs["series_alpha_value"], subs["series_alpha_status"]) == ("no run", "not tested here")
     assert subs["tally"] == "3 claims: 2 differs, 1 not tested here" and subs["n_differs"] == "2"
     assert subs["n_reproduced"] == "0"
+
+
+def test_several_models_are_labelled_as_short_as_still_tells_them_apart():
+    """A row's cells name each model; where a row has several, "untied, effective depths 1, 2 (unseen RHM; root
+    error)" is cut to what tells it from the others, and one model keeps its whole label."""
+    leaf, root = ("untied, effective depths 1, 2 (unseen RHM; next-leaf excess)",
+                  "untied, effective depths 1, 2 (unseen RHM; root error)")
+    assert verdict.short_labels([leaf, root]) == ["untied (next-leaf excess)", "untied (root error)"]
+    assert verdict.short_labels(["looped, ℓ = 3, 4", "tied, ℓ = 1, 2"]) == ["looped", "tied"]
+    assert verdict.short_labels([leaf]) == [leaf]
+    assert verdict.short_labels(["x, a", "x, b"]) == ["x, a", "x, b"]          # nothing shorter tells them apart
+    claim = next(c for c in verdict.CLAIMS if c.key == "hierarchical")
+    row = verdict.Row(claim, [verdict.Measurement(leaf, 1.5, 1.0, 2.5), verdict.Measurement(root, 1.2, 1.1, 1.3)])
+    assert verdict.table([row])["this book (95 % interval)"].iloc[0] == \
+        "untied (next-leaf excess): 1.50 [1.00, 2.50]; untied (root error): 1.20 [1.10, 1.30]"
+    assert verdict.substitutions([row])["hierarchical_value"].startswith("untied (next-leaf excess): 1.50")
+
+
+def test_a_rows_further_numbers_are_substitutions_and_exist_without_a_run():
+    by_key = {c.key: c for c in verdict.CLAIMS}
+    row = verdict.Row(by_key["low_t_incomplete"], [verdict.Measurement("toy", 1.7, 1.5, 1.9,
+                                                                       facts={"far_from_pool": "11 of 18"})])
+    assert verdict.substitutions([row])["low_t_incomplete_far_from_pool"] == "11 of 18"
+    assert verdict.substitutions([verdict.Row(by_key["low_t_incomplete"], [])])[
+        "low_t_incomplete_far_from_pool"] == "not measured"

@@ -565,7 +565,8 @@ def measurements(run) -> dict[str, list[dict]]:
     """What the book's verdict reads from this part at T = 1 (claim → one dict per teacher): the tied teacher's
     looped envelope α_ℓ (``looped_toy_flow``) and the independent teacher's local exponent between the two deepest
     depths (``looped_toy_plateau``, :func:`plateau_table`), each with its 95 % t interval over replicates, whether
-    every student behind it is certified and how many are (``certified_of``: (certified, of))."""
+    every student behind it is certified and how many are (``certified_of``: (certified, of)); the flow's ``facts``
+    hold the α_ℓ of the scratch → halved chain alone (``scratch``: trained without the teacher's block)."""
     summary, looped, out = _table(run, "alpha_summary"), _looped(run), {}
     for teacher, temp in _cells(run):
         if temp != 1.0:
@@ -574,10 +575,13 @@ def measurements(run) -> dict[str, list[dict]]:
             own = _in(looped, teacher, temp)
             n_c = int(own["certified"].astype(bool).sum())
             env = _in(summary, teacher, temp).query("fit == 'envelope'").iloc[0]
+            chain = _chain(run)
+            scratch = _fit(chain, teacher, temp) if not _in(chain, teacher, temp).empty else None
             out.setdefault("looped_toy_flow", []).append({
                 "teacher": teacher, "depths": _depths(own["depth"]), "value": float(env["alpha"]),
                 "lo": float(env["lo"]), "hi": float(env["hi"]), "certified": n_c == len(own),
                 "certified_of": (n_c, len(own)),
+                "facts": {} if scratch is None else {"scratch": _iv(scratch["alpha"], scratch["lo"], scratch["hi"])},
                 "note": f"α_ℓ of the envelope, 95 % t interval over {int(env['replicates'])} replicates; "
                         f"{n_c} of {len(own)} students certified"})
         elif teacher == "independent":

@@ -319,7 +319,7 @@ def answer(rows) -> str:
             "Decided" if len(decided) == len(shown) else f"Partly decided ({len(decided)} of {len(shown)} claims)")
     parts = [f"**{lead}.**"]
     for key, row in shown:
-        numbers = "; ".join(f"{model} {number}" for model, number in verdict.numbers(row).items())
+        numbers = "; ".join(f"{model}: {number}" for model, number in verdict.numbers(row).items())
         why = ""
         if row.status == "undecided":
             notes = [m.note.split("; ")[-1] for m in row.measurements if not m.converged or m.lo is None]
