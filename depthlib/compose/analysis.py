@@ -175,35 +175,3 @@ def curves(run: results.Run) -> pd.DataFrame:
 
 __all__ = ["DIAGNOSTICS", "FAMILY_LABELS", "MIN_POINTS", "alpha_table", "curves", "delete_vs_ensemble", "diagnostic_table",
            "edit_profiles", "fit_laws", "lag_profiles", "layer_profiles", "local_slopes", "loss_table", "mean_interval"]
-
-
-# ---- what α_ℓ on text is a result: chapter 6 reads its series by this rule (:func:`depthlib.lm.chapter.alpha_shown`) ----
-def text_alphas(run: results.Run) -> pd.DataFrame:
-    """Per family: α_ℓ of L = L∞ + c·ℓ^(−α_ℓ) over effective depth with its 95 % bootstrap interval over held-out
-    documents (the run's ``fit``), the depths fitted, and whether it is **shown** as a result, with the reason when
-    not: fewer than five depths, no fit (a loss that does not fall with depth as the law needs), or a point or an
-    interval that reaches an end of the searched range (:data:`depthlib.lm.fit.ALPHA_RANGE`)."""
-    from depthlib.lm.fit import ALPHA_RANGE
-    f = run.table("fit")
-    a = f[f["quantity"] == "alpha"].set_index("family")
-    floor = f[f["quantity"] == "L_inf"].set_index("family")
-    members = run.table("members")
-    depths = {fam: ", ".join(str(int(d)) for d in sorted(g["depth"].unique())) for fam, g in members.groupby("family")}
-    lo_end, hi_end = ALPHA_RANGE[0] * 1.05, ALPHA_RANGE[1] * 0.95
-    rows = []
-    for fam, r in a.iterrows():
-        if r.n_depths < 5:
-            why = f"{int(r.n_depths)} depths (the law needs 5)"
-        elif not np.isfinite(r.value):
-            why = "no fit: loss does not fall with depth"
-        elif not (lo_end < r.value < hi_end):
-            why = "fit at a search bound"
-        elif not (np.isfinite(r.lo) and np.isfinite(r.hi) and lo_end < r.lo and r.hi < hi_end):
-            why = "interval reaches a search bound"
-        else:
-            why = ""
-        rows.append({"family": fam, "alpha": float(r.value), "lo": float(r.lo), "hi": float(r.hi),
-                     "L_inf": float(floor.loc[fam, "value"]), "n_depths": int(r.n_depths), "depths": depths[fam],
-                     "shown": not why, "why_not": why,
-                     "share_undefined_or_at_bound": float(r.share_undefined_or_at_bound)})
-    return pd.DataFrame(rows)

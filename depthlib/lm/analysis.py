@@ -137,3 +137,28 @@ def alpha_steps(run: results.Run) -> pd.DataFrame:
     lo, hi = fit.ALPHA_RANGE
     t["defined"] = np.isfinite(t["alpha"]) & (t["alpha"] > lo * 1.05) & (t["alpha"] < hi * 0.95) & (t["step"] > 0)
     return t
+
+
+def alpha_result(run: results.Run) -> dict:
+    """Whether the series' α_ℓ of L = L∞ + c·ℓ^(−α_ℓ) (the run's ``fit``: 95 % bootstrap over held-out documents) is
+    a result: ``alpha``, ``lo``, ``hi``, ``L_inf``, ``n_depths``, ``depths`` (the run's ``models``),
+    ``share_undefined_or_at_bound`` of the resamples, and ``shown`` with ``why_not`` when it is not: fewer than five
+    depths, no fit (a loss that does not fall with depth as the law needs), or a point or an interval that reaches an
+    end of the searched range (:data:`depthlib.lm.fit.ALPHA_RANGE`)."""
+    f = run.table("fit").set_index("quantity")
+    a, floor = f.loc["alpha"], f.loc["L_inf"]
+    lo_end, hi_end = fit.ALPHA_RANGE[0] * 1.05, fit.ALPHA_RANGE[1] * 0.95
+    if a.n_depths < 5:
+        why = f"{int(a.n_depths)} depths (the law needs 5)"
+    elif not np.isfinite(a.value):
+        why = "no fit: loss does not fall with depth"
+    elif not (lo_end < a.value < hi_end):
+        why = "fit at a search bound"
+    elif not (np.isfinite(a.lo) and np.isfinite(a.hi) and lo_end < a.lo and a.hi < hi_end):
+        why = "interval reaches a search bound"
+    else:
+        why = ""
+    return {"alpha": float(a.value), "lo": float(a.lo), "hi": float(a.hi), "L_inf": float(floor.value),
+            "n_depths": int(a.n_depths),
+            "depths": ", ".join(str(int(d)) for d in sorted(run.table("models")["depth"].unique())),
+            "shown": not why, "why_not": why, "share_undefined_or_at_bound": float(a.share_undefined_or_at_bound)}

@@ -328,35 +328,19 @@ def chinchilla_alpha() -> dict | None:
     return {"alpha_l": float(fitted["alpha_l"]), "se": float(se) if se is not None else np.nan}
 
 
-class _SeriesAsFamily:
-    """A series seen as one family of a chapter-7 text run: the two tables
-    :func:`depthlib.compose.analysis.text_alphas` reads (``fit``: quantity, value, lo, hi, n_depths,
-    share_undefined_or_at_bound; ``members``: depth), each with a ``family`` column, so that chapter 6 decides what
-    is a result by chapter 7's rule for the same law instead of a rule of its own."""
-
-    family = "series"
-
-    def __init__(self, run: results.Run):
-        self.run = run
-
-    def table(self, name: str) -> pd.DataFrame:
-        return self.run.table({"members": "models"}.get(name, name)).assign(family=self.family)
-
-
 def alpha_shown(run: results.Run) -> dict:
-    """Whether the series' α_ℓ is a result, by chapter 7's rule (:func:`depthlib.compose.analysis.text_alphas`: five
-    depths or more, a fit, point and interval inside the searched range): ``shown`` and, when not, ``reason`` (the
-    rule's reason, the point fit at a search bound, the share of resamples undefined or at a bound)."""
-    from depthlib.compose.analysis import text_alphas
-    from depthlib.lm.analysis import point_fit
-    r = text_alphas(_SeriesAsFamily(run)).iloc[0]
-    if r.shown:
+    """Whether the series' α_ℓ is a result (:func:`depthlib.lm.analysis.alpha_result`: five depths or more, a fit,
+    point and interval inside the searched range): ``shown`` and, when not, ``reason`` (the rule's reason, the point
+    fit at a search bound, the share of resamples undefined or at a bound)."""
+    from depthlib.lm.analysis import alpha_result, point_fit
+    r = alpha_result(run)
+    if r["shown"]:
         return {"shown": True, "reason": ""}
-    reason = r.why_not
-    if np.isfinite(r.alpha) and point_fit(run).get("at_bound", False):
-        reason += f"; the fit is at the search bound {round(float(r.alpha), 4)}"
+    reason = r["why_not"]
+    if np.isfinite(r["alpha"]) and point_fit(run).get("at_bound", False):
+        reason += f"; the fit is at the search bound {round(r['alpha'], 4)}"
     n = run.table("fit").set_index("quantity").loc["alpha", "n_resamples"]
-    reason += (f"; {100 * float(r.share_undefined_or_at_bound):.3g} % of the {int(n)} resamples are undefined or at "
+    reason += (f"; {100 * r['share_undefined_or_at_bound']:.3g} % of the {int(n)} resamples are undefined or at "
                "a search bound")
     return {"shown": False, "reason": reason}
 
@@ -371,7 +355,7 @@ def _fit_parameter(value: dict | None, shown: dict, name: str) -> dict | None:
 
 def summary(run: results.Run) -> dict:
     """The key numbers of a series: the held-out losses, the fit L = L∞ + c·ℓ^(−α_ℓ) with its bootstrap interval
-    (when α_ℓ is not a result — chapter 7's rule, :func:`alpha_shown` — its parameters are null, with the reason),
+    (when α_ℓ is not a result — :func:`alpha_shown` — its parameters are null, with the reason),
     the middle-angle exponent, what the run cost and where its trained models are (Hugging Face folders in the local
     cache). A converged series: :func:`summary_converged`."""
     if run.experiment == CONVERGED_EXPERIMENT:
