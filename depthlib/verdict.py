@@ -97,8 +97,9 @@ def short_labels(models: Sequence[str]) -> list[str]:
         return heads
     notes = [m[m.rfind("(") + 1:m.rfind(")")].split("; ") if m.endswith(")") else [] for m in models]
     shared = set.intersection(*map(set, notes))
-    out = [f"{h} ({'; '.join(x for x in n if x not in shared)})" for h, n in zip(heads, notes)]
-    return out if len(set(out)) == len(out) else list(models)
+    own = [[x for x in n if x not in shared] for n in notes]
+    out = [f"{h} ({'; '.join(o)})" for h, o in zip(heads, own)]
+    return out if all(own) and len(set(out)) == len(out) else list(models)
 
 
 def undecided_because(claim: Claim, m: Measurement) -> str:

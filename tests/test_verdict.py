@@ -355,6 +355,7 @@ def test_several_models_are_labelled_as_short_as_still_tells_them_apart():
     assert verdict.short_labels(["looped, ℓ = 3, 4", "tied, ℓ = 1, 2"]) == ["looped", "tied"]
     assert verdict.short_labels([leaf]) == [leaf]
     assert verdict.short_labels(["x, a", "x, b"]) == ["x, a", "x, b"]          # nothing shorter tells them apart
+    assert verdict.short_labels(["x, a (p)", "x, b"]) == ["x, a (p)", "x, b"]  # one has no parenthesis of its own
     claim = next(c for c in verdict.CLAIMS if c.key == "hierarchical")
     row = verdict.Row(claim, [verdict.Measurement(leaf, 1.5, 1.0, 2.5), verdict.Measurement(root, 1.2, 1.1, 1.3)])
     assert verdict.table([row])["this book (95 % interval)"].iloc[0] == \
