@@ -62,7 +62,7 @@ def test_chapter7_answer_says_why_each_row_is_undecided():
              row("looped_text", ("looped (text)", float("nan"), None, None, "no exponent: loss does not fall with "
                                  "depth", False))]
     text = views.answer(open_)
-    assert text.startswith("**Undecided at this scale.**") and "untied (excess) 1.48 [1.32, 1.64]" in text
+    assert text.startswith("**Undecided at this scale.**") and "untied (excess): 1.48 [1.32, 1.64]" in text
     assert "**undecided** because members not certified" in text and "because no exponent" in text
     assert "`paper` profile" in text                                    # what would decide it
     done = views.answer([row("hierarchical", ("untied", 1.1, 0.9, 1.3, "certified", True))])
