@@ -70,6 +70,12 @@ class Chapter:
         return importlib.import_module(f"{self.package}.chapter")
 
     @property
+    def views_module(self) -> ModuleType:
+        """Its readers of finished runs, ``<package>.views``: the chapter's text, and ``measurements(parts)``, its
+        numbers for the verdict's claims (:func:`depthlib.verdict.measurements`)."""
+        return importlib.import_module(f"{self.package}.views")
+
+    @property
     def plots_module(self) -> ModuleType:
         """Its figures, ``depthlib.plots.<name>`` (imported in the notebook as ``figs``)."""
         return importlib.import_module(f"depthlib.plots.{self.name}")

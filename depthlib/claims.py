@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from depthlib.errors import InputError
 
 STATUSES = ("reproduced", "holds", "differs", "undecided", "contradicted", "not tested here")
@@ -33,6 +35,11 @@ def gain_range(gains) -> str:
     gained) as per cent, "4.3–11.7 %"; "" without any (NaN ignored)."""
     g = [float(x) for x in gains if x == x]
     return f"{100 * min(g):.1f}–{100 * max(g):.1f} %" if g else ""
+
+
+def fmt(x: float, digits: int) -> str:
+    """``x`` to ``digits`` decimals; "∞" for an infinite bound."""
+    return "∞" if math.isinf(x) else f"{x:.{digits}f}"
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,16 @@ class Measurement:
     # further numbers of the run behind it that the book's prose quotes, by name (:data:`depthlib.verdict.FACTS`),
     # formatted as the chapter prints them: e.g. the exponent without the shallowest depths
     facts: dict[str, str] = field(default_factory=dict)
+
+    def text(self, digits: int, percent: bool = False) -> str:
+        """"value [lo, hi]" as the verdict prints it (percentages with ``percent``); "no result" without a number."""
+        k, unit = (100.0, " %") if percent else (1.0, "")
+        if not math.isfinite(self.value):        # a run that gives no number it can stand behind (undecided)
+            return "no result"
+        out = fmt(k * self.value, digits)
+        if self.lo is not None and self.hi is not None and math.isfinite(self.lo) and math.isfinite(self.hi):
+            out += f" [{fmt(k * self.lo, digits)}, {fmt(k * self.hi, digits)}]"
+        return out + unit
 
 
 @dataclass(frozen=True)
@@ -172,6 +189,26 @@ CLAIMS: tuple[Claim, ...] = (
 SECTIONS = {"ch1-alpha": 1, "ch1-optimum": 1, "ch2-trajectories": 2, "ch2-angles": 2, "ch2-updates": 2,
             "ch3-certified": 3, "ch3-signatures": 3, "ch4-groups": 4, "ch5-order": 5, "ch6-alpha": 6,
             "ch6-angles": 6, "ch7-alpha": 7, "ch7-looped-toy": 7, "ch7-text": 7}
+
+
+def percentile_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` percentile interval of ``values`` (e.g. bootstrap resamples; NaN ignored; NaNs without
+    any)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return math.nan, math.nan
+    q = (1 - level) / 2
+    return float(np.quantile(v, q)), float(np.quantile(v, 1 - q))
+
+
+def wilson_interval(share: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion ``share`` of ``n`` draws."""
+    if n <= 0:
+        raise InputError("a proportion needs at least one draw")
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def t_interval(value: float, se: float, dof: int) -> tuple[float, float]:

@@ -23,6 +23,11 @@ Every chapter package (:data:`depthlib.chapters.CHAPTERS`) has a module ``<packa
 ``COMPUTE``     ``{experiment: "module:function"}``: the compute entry of each experiment's runs; the code modules a
                 run's numbers depend on are derived from its imports (:func:`depthlib.results.compute_modules`)
 
+A chapter with claims in :data:`depthlib.claims.CLAIMS` has a module ``<package>.views`` (its readers of finished
+runs, never imported by code that computes) with ``measurements(parts) -> {claim key: [Measurement]}``: the numbers
+the book's verdict states for those claims, one :class:`depthlib.claims.Measurement` per model, from the runs its
+notebook shows (``parts``: what ``runs`` returns, a part without a run None).
+
 A config is rebuilt from a run's JSON by one helper, :func:`from_dict` (what :meth:`Profile.from_dict` uses).
 """
 from __future__ import annotations

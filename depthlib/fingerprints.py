@@ -45,19 +45,22 @@ def _module_digest(module: str) -> str:
 #: ``depthlib.finite`` checks numbers a run produced (it stops a run, or nulls a value with a warning, where one is
 #: not finite) and never changes a finite one: a validator, as ``depthlib.validate``. ``depthlib.inputs`` decides which
 #: run a key finds (what a model and a corpus are), never a run's numbers; ``depthlib.models.checks`` refuses a model
-#: or corpus argument before anything loads: a validator too.
+#: or corpus argument before anything loads: a validator too. The readers of finished runs never compute one either:
+#: ``*.views`` and ``*_views`` (a chapter's text and tables from its runs), ``depthlib.claims`` (the claims and the
+#: status rule) and ``depthlib.verdict``; that no module that computes imports one is tested.
 GLUE_MODULES = frozenset({
     "depthlib", "depthlib.errors", "depthlib.results", "depthlib.executors", "depthlib.paths", "depthlib.validate",
     "depthlib.finite", "depthlib.runtime", "depthlib.cli", "depthlib.book", "depthlib.chapters", "depthlib.contract",
     "depthlib.plots", "depthlib.inputs", "depthlib.store", "depthlib.lifecycle", "depthlib.selection",
-    "depthlib.fingerprints", "depthlib.purity", "depthlib.models.checks", "depthlib.units",
+    "depthlib.fingerprints", "depthlib.purity", "depthlib.models.checks", "depthlib.units", "depthlib.claims",
+    "depthlib.verdict",
 })
-GLUE_SUFFIXES = (".chapter", ".shards")
+GLUE_SUFFIXES = (".chapter", ".shards", ".views", "_views")
 
 
 def is_glue(module: str) -> bool:
-    """Whether ``module`` orchestrates rather than computes (:data:`GLUE_MODULES`, ``*.chapter``, ``*.shards``,
-    ``depthlib.plots.*``)."""
+    """Whether ``module`` orchestrates or reads finished runs rather than computes (:data:`GLUE_MODULES`,
+    ``*.chapter``, ``*.shards``, ``*.views``, ``*_views``, ``depthlib.plots.*``)."""
     return (module in GLUE_MODULES or module.endswith(GLUE_SUFFIXES) or module.startswith("depthlib.plots."))
 
 

@@ -8,8 +8,9 @@ built, and a missing run leaves its rows *not tested here*.
 
 The claims, their regions and **the status rule** are :mod:`depthlib.claims`'s.
 
-Each chapter is read by one small adapter function (``_chapter1`` … ``_chapter7``) that takes the parts its
-notebook shows; all the numbers come from the chapters' public analysis functions.
+Each chapter states its own numbers: ``measurements(parts)`` of its views module (its readers of finished runs)
+turns the parts its notebook shows into one :class:`~depthlib.claims.Measurement` per claim and model. The verdict
+only looks the parts up (:func:`measurements`), applies the rule and prints the rows.
 """
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 
+from depthlib import chapters as registry
 from depthlib import results
-from depthlib.chapters import by_name
 from depthlib.claims import (  # noqa: F401 - the verdict's one namespace: claims, the rule and the t interval
     CLAIMS,
     PI,
@@ -31,6 +31,7 @@ from depthlib.claims import (  # noqa: F401 - the verdict's one namespace: claim
     STATUSES,
     Claim,
     Measurement,
+    fmt,
     gain_range,
     region_status,
     status,
@@ -68,7 +69,7 @@ class Row:
                 continue
             k = 100.0 if c.percent else 1.0
             gap, side = (c.paper - m.hi, "above") if c.paper > m.hi else (m.lo - c.paper, "below")
-            out.append(f"the paper's value is {_fmt(k * gap, c.digits)}{' points' if c.percent else ''} {side} "
+            out.append(f"the paper's value is {fmt(k * gap, c.digits)}{' points' if c.percent else ''} {side} "
                        + (f"{m.model}'s interval" if len(self.measurements) > 1 else "the interval"))
         return "; ".join(out)
 
@@ -121,342 +122,26 @@ def undecided_because(claim: Claim, m: Measurement) -> str:
         return ""
     k, (r_lo, r_hi) = (100.0 if claim.percent else 1.0), claim.region
     edges = [e for e, crossed in ((r_lo, m.lo < r_lo <= m.hi), (r_hi, m.lo <= r_hi < m.hi)) if crossed]
-    return "the interval reaches across the region's edge " + " and ".join(_fmt(k * e, claim.digits) for e in edges)
+    return "the interval reaches across the region's edge " + " and ".join(fmt(k * e, claim.digits) for e in edges)
 
 
-# ---- small computations the chapters do not make ---------------------------------------------------------
-def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if len(v) == 0:
-        return math.nan, math.nan
-    q = (1 - level) / 2
-    return float(np.quantile(v, q)), float(np.quantile(v, 1 - q))
+# ---- the numbers: each chapter's own ``measurements`` of the runs its notebook shows ---------------------------
+def measurements(chapter: int, profile: str = "cpu", *, rerun: bool = False) -> dict[str, list[Measurement]]:
+    """{claim key: measurements} of chapter ``chapter`` for ``profile``: ``measurements(parts)`` of its views module
+    (:attr:`depthlib.chapters.Chapter.views_module`) on the runs its notebook shows, by part (its own ``runs``, looked
+    up without computing: :func:`depthlib.selection.shown_runs`; a part without a run is None). Every key must be a
+    claim of that chapter."""
+    c = registry.by_name(str(chapter))
+    module = c.module
+    parts = shown_runs(module.runs, profile, rerun=rerun,
+                       **({"parts": module.SHOWN_PARTS} if hasattr(module, "SHOWN_PARTS") else {}))
+    found = c.views_module.measurements(parts)
+    stray = set(found) - {claim.key for claim in CLAIMS if claim.chapter == c.number}
+    if stray:
+        raise ValueError(f"{c.views_module.__name__}.measurements gives numbers for no claim of chapter {c.number}: "
+                         f"{', '.join(sorted(stray))}")
+    return found
 
-
-def wilson_interval(share: float, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion ``share`` of ``n`` draws."""
-    if n <= 0:
-        raise InputError("a proportion needs at least one draw")
-    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def optimum_exponents(alpha_m: np.ndarray, alpha_l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """m ∝ ℓ^x and loss ∝ N^−y at the width–depth optimum (:func:`depthlib.scaling.law.width_depth_optimum`),
-    vectorised over bootstrap resamples: x = α_ℓ/α_m, y = α_m α_ℓ / (2 α_ℓ + α_m)."""
-    a_m, a_l = np.asarray(alpha_m, float), np.asarray(alpha_l, float)
-    return a_l / a_m, a_m * a_l / (2 * a_l + a_m)
-
-
-def middle_angle_per_doc(docs: pd.DataFrame) -> np.ndarray:
-    """Each document's mean middle-block angle (chapter 2's ``docs`` table: θ_0 … θ_{L−1} per document)."""
-    from depthlib.measures import middle_blocks
-    cols = sorted((c for c in docs.columns if c.startswith("theta_") and c[6:].isdigit()), key=lambda c: int(c[6:]))
-    return docs[cols].to_numpy(float)[:, middle_blocks(len(cols))].mean(1)
-
-
-def middle_update_angle(layers: pd.DataFrame) -> tuple[float, float]:
-    """(mean θ(Δh) over the middle pairs, its token-level standard error) from chapter 2's ``layers`` table."""
-    from depthlib.measures import middle_update_pairs
-    dh = layers[layers["metric"] == "theta_dh"].sort_values("layer")
-    if dh.empty:
-        return math.nan, math.nan
-    n_blocks = len(dh) + 1
-    mid = dh.iloc[middle_update_pairs(n_blocks)]
-    se = float((mid["std"] / np.sqrt(mid["count"])).mean())     # as if every pair moved together: the larger SE
-    return float(mid["mean"].mean()), se
-
-
-# ---- one adapter per chapter: the runs its notebook shows (never computed) and their numbers -----------------
-def _shown(chapter: str, profile: str, rerun: bool, **kwargs) -> dict[str, results.Run | None]:
-    """The runs ``chapter``'s notebook shows for ``profile``, by part (its own ``runs``, looked up without computing:
-    :func:`depthlib.selection.shown_runs`); a part without a run is None."""
-    return shown_runs(by_name(chapter).module.runs, profile, rerun=rerun, **kwargs)
-
-
-def _chapter1(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.scaling import chapter, law
-    try:
-        chapter.csv_sha256()
-    except Exception:  # noqa: BLE001 - no CSV here: the chapter's rows are then not tested
-        return {}
-    run = _shown("scaling", profile, rerun)["fits"]
-    if run is None:
-        return {}
-    boot, scan = run.table("bootstrap"), run.table("exclusion_scan")
-    k = run.config["exclude"]
-    row = scan[(scan["exclude"] == k) & (scan["depth_offset"] == 0)].iloc[0]
-    summary = law.bootstrap_summary(boot)["alpha_l"]
-    model = f"Chinchilla ({len(boot)} bootstrap resamples, {k} highest losses excluded)"
-    x, y = optimum_exponents(boot["alpha_m"], boot["alpha_l"])
-    x0, y0 = optimum_exponents(np.array([row["alpha_m"]]), np.array([row["alpha_l"]]))
-    return {
-        "chinchilla_alpha": [Measurement(model, float(row["alpha_l"]), summary["lo"], summary["hi"], run.profile,
-                                         "converged fit; 95 % bootstrap percentile interval")],
-        "width_depth": [Measurement(model, float(x0[0]), *percentile_interval(x), run.profile,
-                                    "α_ℓ/α_m of the converged fit; bootstrap interval")],
-        "n_exponent": [Measurement(model, float(y0[0]), *percentile_interval(y), run.profile,
-                                   "α_m α_ℓ/(2α_ℓ + α_m); bootstrap interval")],
-    }
-
-
-def _chapter2(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.probes import chapter, trajectory
-    out: dict[str, list[Measurement]] = {"tokens_evenly": [], "middle_angle": [], "update_angle": []}
-    for model, run in chapter.model_runs(_shown("probes", profile, rerun)).items():
-        if run is None:
-            continue
-        if "tokens" in run.tables():
-            tokens = run.table("tokens")
-            share = trajectory.analyze_trajectories(trajectory.theta_matrix(tokens)).fractions["evenly"]
-            out["tokens_evenly"].append(Measurement(model, share, *wilson_interval(share, len(tokens)), run.profile,
-                                                    f"{len(tokens)} sampled tokens; Wilson interval"))
-        per_doc = middle_angle_per_doc(run.table("docs"))
-        mean, se = float(per_doc.mean()), float(per_doc.std(ddof=1) / math.sqrt(len(per_doc)))
-        out["middle_angle"].append(Measurement(model, mean, *t_interval(mean, se, len(per_doc) - 1), run.profile,
-                                               f"mean over {len(per_doc)} documents; t interval"))
-        dh, dh_se = middle_update_angle(run.table("layers"))
-        out["update_angle"].append(Measurement(model, dh, dh - 1.96 * dh_se, dh + 1.96 * dh_se, run.profile,
-                                               "token-level interval (tokens of a document are not independent)"))
-    return out
-
-
-def _converged_summary(parts: dict[str, results.Run | None]) -> tuple[pd.DataFrame | None, str | None, str, str]:
-    """Chapter 3's calibration exponents (teacher, temperature, alpha, lo, hi, replicates), with how many of the
-    fitted students are converged (``n_converged`` of ``n_students``), its profile and the protocol's name, from the
-    protocol runs among chapter 3's shown ``parts``: the ``certified`` run (its envelope; converged = certified by a
-    continuation) when the chapter shows one, else the ``converged`` run (its 1 % rule, which certifies nothing: its
-    rows are undecided)."""
-    run = parts.get("certified")
-    if run is not None and {"alpha_summary", "certified"} <= set(run.tables()):
-        summary = run.table("alpha_summary")
-        summary = summary[summary["fit"] == "envelope"]
-        students = run.table("certified")
-        counts = students.groupby(["teacher", "temperature"])["certified"].agg(n_converged="sum", n_students="size")
-        gains = students[~students["certified"]].groupby(["teacher", "temperature"])["last_continuation_gain"].agg(
-            gain_lo="min", gain_hi="max")
-        counts = counts.join(gains)
-        return (summary.merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
-                "certified protocol", "certified")
-    run = parts.get("converged")
-    if run is None or "alpha_summary" not in run.tables():
-        return None, None, "", ""
-    best = run.table("best")
-    counts = best.groupby(["teacher", "temperature"])["converged"].agg(n_converged="sum", n_students="size")
-    return (run.table("alpha_summary").merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
-            "converged-loss protocol", "met its 1 % rule (a rule a schedule can meet, not a certificate)")
-
-
-def _count(r) -> tuple[int, int]:
-    """(certified, of) from a :func:`_converged_summary` row (or the sum of several)."""
-    return int(r["n_converged"]), int(r["n_students"])
-
-
-def _gaining(rows: pd.DataFrame) -> tuple[float, float] | None:
-    """(least, most) last continuation gain of the uncertified students of :func:`_converged_summary` ``rows``."""
-    lo, hi = rows.get("gain_lo", pd.Series(dtype=float)).min(), rows.get("gain_hi", pd.Series(dtype=float)).max()
-    return (float(lo), float(hi)) if np.isfinite(lo) and np.isfinite(hi) else None
-
-
-def _toy_facts(parts: dict[str, results.Run | None], teacher: str, temperature: float) -> dict[str, str]:
-    """:data:`FACTS` of a chapter 3 row, from its certified run: the envelope's α_ℓ fitted without its shallowest
-    depths (``without_shallowest``, the fragility table's "without ℓ ≤ …" fit), the envelope's α_ℓ before the first
-    and after the last round of continuations (``rounds``, "0.84 → 0.89") and how many held-out losses lie farther
-    from their pool losses than the protocol allows (``far_from_pool``, "11 of 18")."""
-    run = parts.get("certified")
-    if run is None or not {"fragility", "certified"} <= set(run.tables()):
-        return {}
-    frag, cert = run.table("fragility"), run.table("certified")
-    frag = frag[(frag["teacher"] == teacher) & np.isclose(frag["temperature"], temperature)
-                & frag["fit"].str.startswith("without ℓ ≤")]
-    cert = cert[(cert["teacher"] == teacher) & np.isclose(cert["temperature"], temperature)]
-    out = {"far_from_pool": f"{int((~cert['within_gap']).sum())} of {len(cert)}"}
-    if "alpha_rounds" in run.tables():
-        rounds = run.table("alpha_rounds")
-        rounds = rounds[(rounds["teacher"] == teacher) & np.isclose(rounds["temperature"], temperature)]
-        if len(rounds) > 1:
-            alpha = rounds.sort_values("round")["alpha"]
-            out["rounds"] = f"{alpha.iloc[0]:.2f} → {alpha.iloc[-1]:.2f}"
-    if len(frag):
-        f = frag.iloc[0]
-        out["without_shallowest"] = _number(Measurement("", f["alpha"], f["lo"], f["hi"]), 2)
-    return out
-
-
-def _chapter3(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.toy import analysis, chapter
-    parts = _shown("toy", profile, rerun, parts=chapter.SHOWN_PARTS)
-    out: dict[str, list[Measurement]] = {}
-    conv, conv_profile, protocol, word = _converged_summary(parts)
-    if conv is not None:
-        certifies = word == "certified"          # only the certified protocol's students can decide a row
-        for teacher, key in (("tied", "tied_alpha"), ("independent", "independent_alpha")):
-            t = conv[conv["teacher"] == teacher]
-            if len(t):
-                r = t.loc[t["temperature"].idxmax()]
-                out[key] = [Measurement(f"toy, {teacher} teacher, T = {r['temperature']:g}", float(r["alpha"]),
-                                        float(r["lo"]), float(r["hi"]), conv_profile,
-                                        f"{protocol}, {int(r['replicates'])} replicate(s); "
-                                        f"{int(r['n_converged'])} of {int(r['n_students'])} students {word}",
-                                        converged=certifies and bool(r["n_converged"] == r["n_students"]),
-                                        certified=_count(r) if certifies else None,
-                                        gaining=_gaining(t.loc[[t["temperature"].idxmax()]]),
-                                        facts=_toy_facts(parts, teacher, float(r["temperature"])))]
-        source = parts.get("certified" if certifies else "converged")
-        sep = source.table("separation") if "separation" in source.tables() else pd.DataFrame()
-        if len(sep):
-            r = sep[sep["fit"] == "all depths"].iloc[0] if "fit" in sep else sep.iloc[0]
-            at = conv[conv["temperature"] == float(r.get("temperature", 1.0))]
-            out["tied_minus_independent"] = [Measurement(
-                f"toy, tied − independent, T = {float(r.get('temperature', 1.0)):g}", float(r["diff"]), float(r["lo"]),
-                float(r["hi"]), conv_profile, f"{protocol}, paired by replicate ({int(r['n'])}); "
-                f"{int(at['n_converged'].sum())} of {int(at['n_students'].sum())} students {word}",
-                converged=certifies and bool((at["n_converged"] == at["n_students"]).all()),
-                certified=_count(at.sum(numeric_only=True)) if certifies else None, gaining=_gaining(at))]
-        tied = conv[conv["teacher"] == "tied"]
-        if len(tied):
-            r = tied.loc[tied["temperature"].idxmin()]
-            out["low_t_incomplete"] = [Measurement(f"toy, tied teacher, T = {r['temperature']:g}", float(r["alpha"]),
-                                                   float(r["lo"]), float(r["hi"]), conv_profile,
-                                                   f"{protocol}; {int(r['n_converged'])} of "
-                                                   f"{int(r['n_students'])} students {word}",
-                                                   converged=certifies and bool(r["n_converged"] == r["n_students"]),
-                                                   certified=_count(r) if certifies else None,
-                                                   gaining=_gaining(tied.loc[[tied["temperature"].idxmin()]]),
-                                                   facts=_toy_facts(parts, "tied", float(r["temperature"])))]
-    elif "calibration" in chapter.SHOWN_PARTS:
-        cal = {kind: run for kind, run in chapter.calibration_parts(parts).items() if run is not None}
-        if cal:
-            summary = chapter.calibration_summary(cal)
-            for _, r in summary.iterrows():
-                key = "tied_alpha" if r["teacher"] == "tied" else "independent_alpha"
-                prof = cal[r["teacher"]].profile
-                out[key] = [Measurement(f"toy, {r['teacher']} teacher, T = {r['temperature']:g}", float(r["alpha"]),
-                                        float(r["lo"]), float(r["hi"]), prof,
-                                        f"toy-calibration run (no converged run yet): {int(r['steps']):,} steps, "
-                                        "1 replicate, t interval of the fit")]
-    run = parts.get("sweep")
-    if run is not None:
-        summary = analysis.signature_summary(run.table("signatures"), run.table("lag_cos"))
-        students = summary[(summary["net"] == "student") & (summary["rho"] == 0)]["theta_update"]
-        if len(students):
-            out["student_signatures"] = [Measurement(
-                "toy students, ρ = 0 (phase diagram)", float(students.mean()), float(students.min()),
-                float(students.max()), run.profile, f"mean over {len(students)} (T, depth) cells; range, not a "
-                f"95 % interval; {run.config['steps']:,}-step students, not certified", converged=False)]
-    return out
-
-
-def _chapter4(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib import tracing
-    run = _shown("tracing", profile, rerun)["trace"]
-    if run is None:
-        return {}
-    tables = tracing.chapter_tables(run)
-    groups = tracing.functional_groups(tables["facts"], "block", tables["baseline"])
-    out = []
-    for _, g in groups.iterrows():
-        half = 1 / (2 * g["n_layers"])      # the crossover is known to one block
-        out.append(Measurement(g["model"], float(g["early_to"]), float(g["early_to"]) - half,
-                               float(g["early_to"]) + half, run.profile,
-                               f"{int(g['n_facts'])} facts; ± half a block; the late group's effect arrives at one "
-                               f"block ({g['late_step_from']:.2f} → {g['late_step_to']:.2f})"))
-    return {"functional_groups": out}
-
-
-def _chapter5(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.interventions import analysis, chapter
-    runs = {part: run for part, run in _shown("interventions", profile, rerun).items() if run is not None}
-    if "toy" not in runs or len(runs) == 1:
-        return {"order_matters_little": []}
-    table = analysis.prediction_table(chapter.statistics(runs), [m for m in runs if m != "toy"])
-    rows = table[(table["statistic"] == "order_ratio") & (table["scope"] == "middle")
-                 & ~table["model"].str.startswith("toy")] if len(table) else table
-    students = runs["toy"].table("students")
-    controls = (f"controls: {len(students)} of chapter 3's students at ℓ = {int(students['depth'].iloc[0])}"
-                + (f", {int(students['certified'].sum())} certified" if "certified" in students else ""))
-    out = []
-    for r in rows.itertuples():
-        usable = bool(r.held_on_control and r.separates_controls)
-        why = (f"reading: {r.reading} (controls separate at {r.threshold:.3g})" if usable else
-               "not applied: " + ("the prediction failed on its control" if not r.held_on_control
-                                  else "the two controls do not separate"))
-        out.append(Measurement(r.model, r.value, r.lo, r.hi, profile,
-                               f"reordering ÷ deleting the same blocks, 95 % bootstrap over documents; {why}; "
-                               f"{controls}", converged=usable))
-    return {"order_matters_little": out}
-
-
-def _chapter6(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.lm import analysis
-    parts = _shown("lm", profile, rerun)
-    if parts.get("converged") is not None:     # the series trained until α_ℓ stops moving supersedes the 2 M-token one
-        from depthlib.lm import converged_views
-        return converged_views.measurements(parts["converged"])
-    run = parts["series"]
-    if run is None:
-        return {}
-    alpha, theta = analysis.fit_row(run, "alpha"), analysis.fit_row(run, "alpha_theta")
-    depths = sorted(analysis.final_losses(run)["depth"])
-    model = f"depth series ℓ = {', '.join(map(str, depths))}"
-    n = int(theta["n_depths"])
-    return {
-        "series_alpha": [Measurement(model, alpha["value"], alpha["lo"], alpha["hi"], run.profile,
-                                     "95 % bootstrap over held-out addresses; members not certified (no "
-                                     "continuation was run)", converged=False)],
-        "angle_depth": [Measurement(f"depth series, {n} depths with middle blocks", theta["value"],
-                                    *t_interval(theta["value"], theta["se"], n - 2), run.profile,
-                                    f"least-squares t interval over {n} points ({n - 2} degree(s) of freedom); "
-                                    "members not certified", converged=False)],
-    }
-
-
-def _chapter7(profile: str, rerun: bool) -> dict[str, list[Measurement]]:
-    from depthlib.compose import analysis
-    parts = _shown("compose", profile, rerun)
-    run, hierarchy = parts.get("rhm"), parts.get("hierarchy")
-    out: dict[str, list[Measurement]] = {"hierarchical": [], "looped": []}
-    if hierarchy is not None:       # the unseen, certified control supersedes the first grammar
-        from depthlib.compose import hierarchy_views
-        what = {"leaf": "next-leaf excess", "root": "root error"}     # excess over the exact Bayes loss
-        for claim, ms in hierarchy_views.measurements(hierarchy).items():
-            out[claim] = [Measurement(f"{m['family']}, effective depths {m['depths']} (unseen RHM; {what[m['task']]})",
-                                      m["value"], m["lo"], m["hi"], hierarchy.profile, m["note"],
-                                      converged=m["certified"], certified=m["certified_of"],
-                                      gaining=m["gaining"]) for m in ms]
-    elif run is not None:
-        # its members met a rule of little change at the end of their schedule, which certifies nothing (chapter 3)
-        for r in analysis.alpha_table(run).itertuples():
-            if not r.defined:
-                continue
-            law = "excess over the Bayes loss" if r.law == "excess" else "L∞ + c·ℓ^−α, free floor"
-            m = Measurement(f"{r.family}, effective depths {r.depths} (RHM; {law})", r.value, r.lo, r.hi,
-                            run.profile, f"95 % t interval over {r.n_seeds} replicates; members not certified",
-                            converged=False)
-            out["hierarchical" if r.family == "untied" else "looped"].append(m)
-    looped_toy = parts.get("toy_certified")
-    if looped_toy is not None:          # looped students of chapter 3's teachers, certified
-        from depthlib.compose import looped_views
-        for claim, ms in looped_views.measurements(looped_toy).items():
-            out[claim] = [Measurement(f"looped students of the {m['teacher']} teacher, ℓ = {m['depths']} (T = 1)",
-                                      m["value"], m["lo"], m["hi"], looped_toy.profile, m["note"],
-                                      converged=m["certified"], certified=m["certified_of"],
-                                      facts=m.get("facts", {})) for m in ms]
-    certified_text = parts.get("text_certified")
-    if certified_text is not None:      # the families at chapter 6's certified budget
-        from depthlib.compose import text_certified_views
-        out["looped_text"] = [
-            Measurement(f"{m['family']}, effective depths {m['depths']} (text at chapter 6's certified budget; "
-                        "L∞ + c·ℓ^−α)", m["value"], m["lo"], m["hi"], certified_text.profile, m["note"],
-                        converged=m["certified"], certified=m["certified_of"])
-            for m in text_certified_views.measurements(certified_text)]
-    return out
-
-
-ADAPTERS: dict[int, Callable[[str, bool], dict[str, list[Measurement]]]] = {
-    1: _chapter1, 2: _chapter2, 3: _chapter3, 4: _chapter4, 5: _chapter5, 6: _chapter6, 7: _chapter7}
 
 NOTES = {
     "tokens_evenly": "the two-cluster split tests only \"does not stop early\"; the small cluster is about the "
@@ -482,13 +167,14 @@ NOTES = {
 def verdict(profile: str = "cpu", *, rerun: bool = False, chapters: Sequence[int] | None = None) -> list[Row]:
     """One :class:`Row` per claim (in :data:`CLAIMS` order), from the runs the chapters show for ``profile``."""
     results.check_profile(profile)
-    wanted = set(ADAPTERS) if chapters is None else set(chapters)
+    claimed = [c.number for c in registry.CHAPTERS if any(claim.chapter == c.number for claim in CLAIMS)]
+    wanted = set(claimed) if chapters is None else set(chapters)
     found: dict[str, list[Measurement]] = {}
     failed: dict[int, str] = {}
-    for number, adapter in ADAPTERS.items():
+    for number in claimed:
         if number in wanted:
             try:
-                found.update(adapter(profile, rerun))
+                found.update(measurements(number, profile, rerun=rerun))
             except Exception as err:  # noqa: BLE001 - one unreadable chapter must not hide the others' rows
                 failed[number] = f"{type(err).__name__}: {err}"
                 print(f"[depthlib verdict] chapter {number}: {failed[number]}", file=sys.stderr)
@@ -509,25 +195,11 @@ def verdict(profile: str = "cpu", *, rerun: bool = False, chapters: Sequence[int
 
 
 # ---- how the book prints it ------------------------------------------------------------------------------
-def _fmt(x: float, digits: int) -> str:
-    return "∞" if math.isinf(x) else f"{x:.{digits}f}"
-
-
-def _number(m: Measurement, digits: int, percent: bool = False) -> str:
-    k, unit = (100.0, " %") if percent else (1.0, "")
-    if not math.isfinite(m.value):              # a run that gives no number it can stand behind (undecided)
-        return "no result"
-    text = _fmt(k * m.value, digits)
-    if m.lo is not None and m.hi is not None and math.isfinite(m.lo) and math.isfinite(m.hi):
-        text += f" [{_fmt(k * m.lo, digits)}, {_fmt(k * m.hi, digits)}]"
-    return text + unit
-
-
 def numbers(row: Row) -> dict[str, str]:
     """{model: "value [lo, hi]"} of a row, printed as the verdict table prints them (a chapter's answer quotes these,
     so its numbers are the table's); several models by their :func:`short_labels`."""
     c = row.claim
-    return {label: _number(m, c.digits, c.percent)
+    return {label: m.text(c.digits, c.percent)
             for label, m in zip(short_labels([m.model for m in row.measurements]), row.measurements)}
 
 
@@ -552,7 +224,7 @@ def markdown(rows: Sequence[Row], link: Callable[[Claim], str] | None = None) ->
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r.claim
-        numbers = "<br>".join(f"{_number(m, c.digits, c.percent)} · {m.model}" for m in r.measurements) or "—"
+        numbers = "<br>".join(f"{m.text(c.digits, c.percent)} · {m.model}" for m in r.measurements) or "—"
         note = f" <br><small>{r.note}</small>" if r.note else ""
         profile = ", ".join(sorted({m.profile or "?" for m in r.measurements})) or "—"
         much = f" <br><small>{r.why}</small>" if r.why else ""
@@ -583,7 +255,7 @@ def chapter_summary(chapter: int, profile: str = "cpu", *, rerun: bool = False) 
     lines = []
     for r in verdict(profile, rerun=rerun, chapters=[chapter]):
         c = r.claim
-        numbers = "; ".join(f"{m.model}: {_number(m, c.digits, c.percent)}" for m in r.measurements) or "no run"
+        numbers = "; ".join(f"{m.model}: {m.text(c.digits, c.percent)}" for m in r.measurements) or "no run"
         lines.append(f"- {c.claim} (paper: {c.paper_text}; holds if {c.region_text}) — {numbers} → **{r.status}**"
                      + (f" ({r.measurements[0].note})" if r.measurements and r.measurements[0].note else ""))
     return "\n".join(lines)
@@ -592,9 +264,8 @@ def chapter_summary(chapter: int, profile: str = "cpu", *, rerun: bool = False) 
 def reductions(profile: str = "cpu") -> list[str]:
     """One line per chapter (:data:`depthlib.chapters.CHAPTERS`): how the ``profile``'s runs are reduced against the
     paper's (steps, tokens, models, replicates), each chapter's own ``reduction``, read from its ``PROFILES``."""
-    from depthlib import chapters
     results.check_profile(profile)
-    return [f"**{c.number}.** {c.module.reduction(profile)}" for c in chapters.CHAPTERS]
+    return [f"**{c.number}.** {c.module.reduction(profile)}" for c in registry.CHAPTERS]
 
 
 #: the box every page built from ``smoke`` runs carries

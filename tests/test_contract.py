@@ -133,6 +133,24 @@ def test_compute_modules_cover_the_hand_lists_and_leave_out_glue(experiment):
     assert not any(m.endswith((".chapter", ".shards")) or m.startswith("depthlib.plots") for m in derived)
 
 
+def test_no_module_that_computes_imports_a_reader_of_runs():
+    """Views, the claims and the verdict are glue because they only read finished runs (``fingerprints.is_glue``);
+    were a module that computes to import one, its code would decide numbers without being fingerprinted."""
+    import pkgutil
+
+    import depthlib
+    from depthlib.fingerprints import _imported_modules, is_glue
+
+    def reader(module: str) -> bool:
+        return module in ("depthlib.claims", "depthlib.verdict") or module.endswith((".views", "_views"))
+    modules = [m.name for m in pkgutil.walk_packages(depthlib.__path__, "depthlib.")]
+    assert sum(map(reader, modules)) >= 10 and all(is_glue(m) for m in modules if reader(m))
+    computing = [m for m in modules if not is_glue(m)]
+    assert len(computing) > 50
+    bad = {m: [i for i in _imported_modules(m) if reader(i)] for m in computing}
+    assert not any(bad.values()), {m: b for m, b in bad.items() if b}
+
+
 def test_compute_modules_follow_imports_and_resolve_reexports():
     derived = results.compute_modules("depthlib.lm.series:run_series")
     assert "depthlib.probes.stream" in derived          # `from depthlib.probes import ProbeConfig` defines it there

@@ -594,5 +594,5 @@ def test_the_book_verdict_takes_chapter_6s_rows_from_the_converged_series_when_i
     assert not theta.converged and rows.loc["alpha_theta", "reason"] in theta.note    # two depths with middle blocks
     assert verdict.Row(verdict.CLAIMS[[c.key for c in verdict.CLAIMS].index("angle_depth")],
                        [theta]).status == "undecided"
-    monkeypatch.setattr(verdict, "_shown", lambda *a, **k: {"series": None, "converged": smoke_run})
-    assert verdict._chapter6("smoke", False) == got
+    monkeypatch.setattr(verdict, "shown_runs", lambda *a, **k: {"series": None, "converged": smoke_run})
+    assert verdict.measurements(6, "smoke") == got

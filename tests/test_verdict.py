@@ -9,9 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthlib import results, selection, verdict
-from depthlib.chapters import by_name
+from depthlib import claims, results, selection, verdict
+from depthlib.chapters import CHAPTERS, by_name
 from depthlib.errors import InputError
+from depthlib.probes import views as probes_views
+from depthlib.scaling import views as scaling_views
 from depthlib.toy import chapter as toy_chapter
 
 REGION = (0.0, 2.0)   # e.g. α_ℓ < 2
@@ -54,19 +56,25 @@ def test_every_claim_has_a_section_and_a_region_containing_its_paper_value():
     assert len({c.key for c in verdict.CLAIMS}) == len(verdict.CLAIMS)
     for c in verdict.CLAIMS:
         assert c.section in verdict.SECTIONS and verdict.SECTIONS[c.section] == c.chapter
-        assert by_name(str(c.chapter)).number == c.chapter and c.chapter in verdict.ADAPTERS   # a registry chapter
+        assert by_name(str(c.chapter)).number == c.chapter and callable(by_name(str(c.chapter)).views_module.measurements)
         assert c.region[0] < c.region[1]
         if c.paper is not None:
             assert c.region[0] <= c.paper <= c.region[1], c.key
 
 
 def test_wilson_interval():
-    lo, hi = verdict.wilson_interval(0.5, 100)
+    lo, hi = claims.wilson_interval(0.5, 100)
     assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
-    lo, hi = verdict.wilson_interval(1.0, 20)
+    lo, hi = claims.wilson_interval(1.0, 20)
     assert hi == 1.0 and 0.8 < lo < 0.9
     with pytest.raises(InputError):
-        verdict.wilson_interval(0.5, 0)
+        claims.wilson_interval(0.5, 0)
+
+
+def test_percentile_interval_ignores_nan_and_is_nan_without_values():
+    lo, hi = claims.percentile_interval([*range(101), math.nan])
+    assert (lo, hi) == pytest.approx((2.5, 97.5))
+    assert all(math.isnan(x) for x in claims.percentile_interval([math.nan]))
 
 
 def test_t_interval_widens_with_few_degrees_of_freedom():
@@ -78,21 +86,21 @@ def test_t_interval_widens_with_few_degrees_of_freedom():
 
 
 def test_optimum_exponents_match_the_law():
-    x, y = verdict.optimum_exponents(np.array([1.0, 0.9]), np.array([1.0, 1.35]))
+    x, y = scaling_views.optimum_exponents(np.array([1.0, 0.9]), np.array([1.0, 1.35]))
     assert x[0] == pytest.approx(1.0) and y[0] == pytest.approx(1 / 3)
     assert x[1] == pytest.approx(1.5) and y[1] == pytest.approx(0.9 * 1.35 / (2 * 1.35 + 0.9))
 
 
 def test_middle_angle_per_doc_uses_the_middle_blocks():
     docs = pd.DataFrame({"theta_0": [1.0, 1.0], "theta_1": [0.2, 0.4], "theta_2": [0.4, 0.6], "theta_3": [2.0, 2.0]})
-    assert verdict.middle_angle_per_doc(docs) == pytest.approx([0.3, 0.5])
+    assert probes_views.middle_angle_per_doc(docs) == pytest.approx([0.3, 0.5])
 
 
 def test_middle_update_angle():
     layers = pd.DataFrame({"metric": ["theta_dh"] * 4 + ["theta"], "layer": [0, 1, 2, 3, 0],
                            "mean": [0.1, 1.4, 1.6, 0.1, 9.0], "std": [0.0, 0.4, 0.4, 0.0, 0.0],
                            "count": [100] * 5})
-    mean, se = verdict.middle_update_angle(layers)      # 5 blocks: middle pairs are layers 1 and 2
+    mean, se = probes_views.middle_update_angle(layers)      # 5 blocks: middle pairs are layers 1 and 2
     assert mean == pytest.approx(1.5) and se == pytest.approx(0.04)
 
 
@@ -129,7 +137,7 @@ def test_chapter3_prefers_a_converged_run_whose_1_percent_rule_decides_nothing(t
             dict(teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3),
             dict(teacher="independent", temperature=1.0, alpha=1.05, lo=0.9, hi=1.2, replicates=3)]
     _converged_run(results.paths.local_results_dir(), rows)
-    found = verdict._chapter3("cpu", rerun=True)      # rerun: look only at the (synthetic) local runs
+    found = verdict.measurements(3, "cpu", rerun=True)      # rerun: look only at the (synthetic) local runs
     assert found["tied_alpha"][0].value == 2.9 and "not a certificate" in found["tied_alpha"][0].note
     assert found["low_t_incomplete"][0].value == 2.6
     assert found["independent_alpha"][0].lo == 0.9
@@ -194,11 +202,11 @@ def test_chapter3_reads_only_a_protocol_run_its_notebook_shows(tmp_path, monkeyp
     _showing(monkeypatch, "converged")
     row = dict(teacher="tied", temperature=1.0, alpha=2.9, lo=2.7, hi=3.1, replicates=3)
     _converged_run(root, [row], config={**_protocol_config("converged"), "steps_deepest": 1})
-    assert "tied_alpha" not in verdict._chapter3("cpu", rerun=True)
+    assert "tied_alpha" not in verdict.measurements(3, "cpu", rerun=True)
     _certified_run(root, [dict(fit="envelope", **row)])
-    assert "tied_alpha" not in verdict._chapter3("cpu", rerun=True)
+    assert "tied_alpha" not in verdict.measurements(3, "cpu", rerun=True)
     _converged_run(root, [{**row, "alpha": 2.5}])
-    assert verdict._chapter3("cpu", rerun=True)["tied_alpha"][0].value == 2.5
+    assert verdict.measurements(3, "cpu", rerun=True)["tied_alpha"][0].value == 2.5
 
 
 def _certified_run(root, rows, uncertified=()):
@@ -249,9 +257,7 @@ def test_looking_up_a_chapters_runs_computes_nothing(roots, monkeypatch):
     for module in (probes, interventions):          # the offline models' fingerprints, without converting them
         monkeypatch.setattr(module, "model_fingerprint", lambda model: f"test:{model}")
     _, local = roots
-    for chapter in (by_name(str(n)) for n in verdict.ADAPTERS):      # the book's chapters
-        if chapter.name == "scaling" and "DEPTHLIB_DATA_DIR" not in os.environ:
-            continue                                # its config holds the CSV's sha256
+    for chapter in CHAPTERS:                        # the book's chapters (chapter 1 without its CSV too: None)
         found = selection.shown_runs(chapter.module.runs, "cpu")
         assert found and all(run is None for run in found.values()), chapter.name
     assert not local.exists() or not any(local.iterdir())
@@ -273,11 +279,14 @@ def test_the_book_page_reads_the_runs_the_notebooks_show(monkeypatch):
 
     monkeypatch.setattr(verdict, "shown_runs", recording)
     page = verdict.book_page("cpu")
-    expected = {by_name(str(n)).module.__name__ for n in verdict.ADAPTERS}
+    expected = {c.module.__name__ for c in CHAPTERS}
     if "DEPTHLIB_DATA_DIR" not in os.environ:       # chapter 1's rows need the Chinchilla CSV (its sha256 is its key)
         expected.discard("depthlib.scaling.chapter")
     assert {runs.__module__ for runs, *_ in read} >= expected
     for runs, profile, kwargs, found in read:
+        if runs.__module__ not in expected:         # chapter 1 without its CSV: no run to show
+            assert found == {"fits": None}
+            continue
         assert all(run is not None for run in found.values()), (runs.__module__, found)
         shown = runs(profile, **kwargs)             # every part exists: this computes nothing
         assert {k: r.path for k, r in shown.items()} == {k: r.path for k, r in found.items()}

@@ -15,10 +15,12 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results
+from depthlib.claims import Measurement
 from depthlib.compose import analysis
 
 __all__ = ["alpha_text", "answer", "conclusion_text", "convergence_table", "convergence_text", "diagnostics_text",
-           "equal_depth_table", "equal_parameters_text", "limits_text", "settings_table", "slopes_table"]
+           "equal_depth_table", "equal_parameters_text", "limits_text", "measurements", "settings_table",
+           "slopes_table"]
 
 
 def _describe(run: results.Run) -> dict:
@@ -331,3 +333,46 @@ def answer(rows) -> str:
                      "re-warmed continuation gains less than 2 %); deciding these rows needs more training than this "
                      "profile affords: the `paper` profile (a GPU).")
     return " ".join(parts)
+
+
+def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
+    """Chapter 7's numbers for the verdict's claims: the hierarchy control's
+    certified exponents (else the first grammar's, not certified), the looped toy students' and the families' on
+    chapter 6's text, each labelled by its family or teacher and what it measures."""
+    run, hierarchy = parts.get("rhm"), parts.get("hierarchy")
+    out: dict[str, list[Measurement]] = {"hierarchical": [], "looped": []}
+    if hierarchy is not None:       # the unseen, certified control supersedes the first grammar
+        from depthlib.compose import hierarchy_views
+        what = {"leaf": "next-leaf excess", "root": "root error"}     # excess over the exact Bayes loss
+        for claim, ms in hierarchy_views.measurements(hierarchy).items():
+            out[claim] = [Measurement(f"{m['family']}, effective depths {m['depths']} (unseen RHM; {what[m['task']]})",
+                                      m["value"], m["lo"], m["hi"], hierarchy.profile, m["note"],
+                                      converged=m["certified"], certified=m["certified_of"],
+                                      gaining=m["gaining"]) for m in ms]
+    elif run is not None:
+        # its members met a rule of little change at the end of their schedule, which certifies nothing (chapter 3)
+        for r in analysis.alpha_table(run).itertuples():
+            if not r.defined:
+                continue
+            law = "excess over the Bayes loss" if r.law == "excess" else "L∞ + c·ℓ^−α, free floor"
+            m = Measurement(f"{r.family}, effective depths {r.depths} (RHM; {law})", r.value, r.lo, r.hi,
+                            run.profile, f"95 % t interval over {r.n_seeds} replicates; members not certified",
+                            converged=False)
+            out["hierarchical" if r.family == "untied" else "looped"].append(m)
+    looped_toy = parts.get("toy_certified")
+    if looped_toy is not None:          # looped students of chapter 3's teachers, certified
+        from depthlib.compose import looped_views
+        for claim, ms in looped_views.measurements(looped_toy).items():
+            out[claim] = [Measurement(f"looped students of the {m['teacher']} teacher, ℓ = {m['depths']} (T = 1)",
+                                      m["value"], m["lo"], m["hi"], looped_toy.profile, m["note"],
+                                      converged=m["certified"], certified=m["certified_of"],
+                                      facts=m.get("facts", {})) for m in ms]
+    certified_text = parts.get("text_certified")
+    if certified_text is not None:      # the families at chapter 6's certified budget
+        from depthlib.compose import text_certified_views
+        out["looped_text"] = [
+            Measurement(f"{m['family']}, effective depths {m['depths']} (text at chapter 6's certified budget; "
+                        "L∞ + c·ℓ^−α)", m["value"], m["lo"], m["hi"], certified_text.profile, m["note"],
+                        converged=m["certified"], certified=m["certified_of"])
+            for m in text_certified_views.measurements(certified_text)]
+    return out

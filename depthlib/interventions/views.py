@@ -13,7 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["answer", "conclusion", "coupling_summary", "grammar_order"]
+from depthlib import results
+from depthlib.claims import Measurement
+
+__all__ = ["answer", "conclusion", "coupling_summary", "grammar_order", "measurements"]
 
 #: the two edits that test coupling: reordering (like with like, over the whole middle) and parallel groups
 COUPLING = (("order_ratio", "middle", "reordering k middle blocks costs {v} times what deleting the same blocks costs"),
@@ -178,3 +181,30 @@ def conclusion(preds: pd.DataFrame, grammar: pd.DataFrame | None = None) -> str:
     if sig:
         text += sig[0].upper() + sig[1:] + "."
     return text
+
+
+def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
+    """Chapter 5's numbers for the verdict's claims: per LLM, reordering ÷ deleting
+    the same middle blocks (95 % bootstrap over documents), applied only where the prediction held on its toy control
+    and the two controls separate."""
+    from depthlib.interventions import analysis
+    from depthlib.interventions.chapter import statistics
+    runs = {part: run for part, run in parts.items() if run is not None}
+    if "toy" not in runs or len(runs) == 1:
+        return {"order_matters_little": []}
+    table = analysis.prediction_table(statistics(runs), [m for m in runs if m != "toy"])
+    rows = table[(table["statistic"] == "order_ratio") & (table["scope"] == "middle")
+                 & ~table["model"].str.startswith("toy")] if len(table) else table
+    students = runs["toy"].table("students")
+    controls = (f"controls: {len(students)} of chapter 3's students at ℓ = {int(students['depth'].iloc[0])}"
+                + (f", {int(students['certified'].sum())} certified" if "certified" in students else ""))
+    out = []
+    for r in rows.itertuples():
+        usable = bool(r.held_on_control and r.separates_controls)
+        why = (f"reading: {r.reading} (controls separate at {r.threshold:.3g})" if usable else
+               "not applied: " + ("the prediction failed on its control" if not r.held_on_control
+                                  else "the two controls do not separate"))
+        out.append(Measurement(r.model, r.value, r.lo, r.hi, runs[r.model].profile,
+                               f"reordering ÷ deleting the same blocks, 95 % bootstrap over documents; {why}; "
+                               f"{controls}", converged=usable))
+    return {"order_matters_little": out}

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from depthlib import results, verdict
+from depthlib import results
+from depthlib.claims import Measurement, t_interval
 from depthlib.lm import analysis
 
-__all__ = ["alpha_comparison_rows", "alpha_steps_text", "budget_table", "chinchilla_text", "cluster_text",
-           "fit_text", "angle_text", "leave_one_out_table", "leave_one_out_text", "limits_text", "numbers_text",
+__all__ = ["alpha_comparison_rows", "alpha_steps_text", "angle_text", "budget_table", "chinchilla_text", "cluster_text",
+           "fit_text", "leave_one_out_table", "leave_one_out_text", "limits_text", "measurements", "numbers_text",
            "settings_table", "throughput_text"]
 
 
@@ -99,7 +100,7 @@ def angle_text(run: results.Run, profile: str) -> str:
     update angle θ(Δh_l, Δh_l+1) per depth (rad) beside π/2."""
     angles, a = analysis.angles(run), analysis.fit_row(run, "alpha_theta")
     n = int(a["n_depths"])
-    lo, hi = verdict.t_interval(a["value"], a["se"], n - 2)
+    lo, hi = t_interval(a["value"], a["se"], n - 2)
     return (f"**Measured** ({profile} profile). Middle-block mean angle "
             + ", ".join(f"ℓ = {r.depth}: {r.theta_middle_mean:.3f}" for r in angles.itertuples()) + " rad. "
             f"Over the {n} depths with ℓ ≥ 4, ⟨θ⟩_mid ∝ ℓ^−α_θ with α_θ = {a['value']:.2f} "
@@ -221,3 +222,28 @@ def throughput_text(run: results.Run) -> str:
             f"= {100 * tp.get('fraction_of_matmul', float('nan')):.0f} % of the fp32 matmul rate measured when the run "
             f"started ({tp.get('matmul_gflop_per_s', float('nan')):.0f} GFLOP/s; training FLOPs counted as 6N + 6ℓTd "
             "per token; `benchmarks/bench_lm.py` measures both side by side).")
+
+
+def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
+    """Chapter 6's numbers for the verdict's claims: the series' α_ℓ and α_θ, from
+    the certified series (:func:`depthlib.lm.converged_views.measurements`) where the chapter shows one, else from the
+    first series (its members not certified: undecided)."""
+    if parts.get("converged") is not None:     # the series trained until α_ℓ stops moving supersedes the 2 M-token one
+        from depthlib.lm import converged_views
+        return converged_views.measurements(parts["converged"])
+    run = parts.get("series")
+    if run is None:
+        return {}
+    alpha, theta = analysis.fit_row(run, "alpha"), analysis.fit_row(run, "alpha_theta")
+    depths = sorted(analysis.final_losses(run)["depth"])
+    model = f"depth series ℓ = {', '.join(map(str, depths))}"
+    n = int(theta["n_depths"])
+    return {
+        "series_alpha": [Measurement(model, alpha["value"], alpha["lo"], alpha["hi"], run.profile,
+                                     "95 % bootstrap over held-out addresses; members not certified (no "
+                                     "continuation was run)", converged=False)],
+        "angle_depth": [Measurement(f"depth series, {n} depths with middle blocks", theta["value"],
+                                    *t_interval(theta["value"], theta["se"], n - 2), run.profile,
+                                    f"least-squares t interval over {n} points ({n - 2} degree(s) of freedom); "
+                                    "members not certified", converged=False)],
+    }

@@ -6,19 +6,42 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from depthlib import results
+from depthlib.claims import Measurement, t_interval, wilson_interval
 from depthlib.probes import trajectory
-from depthlib.probes.chapter import angle_summary, ideal_distances, lens_precision
+from depthlib.probes.chapter import angle_summary, ideal_distances, lens_precision, model_runs
 
-__all__ = ["NEAR_ORTHOGONAL", "answer", "angles_paragraph", "clusters_paragraph", "depth_law_paragraph", "key_numbers",
-           "lens_paragraph", "noise_paragraph", "relative_depth_caption", "updates_paragraph"]
+__all__ = ["NEAR_ORTHOGONAL", "angles_paragraph", "answer", "clusters_paragraph", "depth_law_paragraph", "key_numbers",
+           "lens_paragraph", "measurements", "middle_angle_per_doc", "middle_update_angle", "noise_paragraph",
+           "relative_depth_caption", "updates_paragraph"]
 
 #: an update angle within this of π/2 (rad) is called "near π/2": neighbouring updates nearly uncorrelated
 NEAR_ORTHOGONAL = 0.1
 #: the paper's middle-layer angle of Pythia-410m (24 blocks) on FineWeb, rad (its Fig. 2a)
 PAPER_MIDDLE_ANGLE = 0.45
+
+
+def middle_angle_per_doc(docs: pd.DataFrame) -> np.ndarray:
+    """Each document's mean middle-block angle (the ``docs`` table: θ_0 … θ_{L−1} per document; the middle blocks of
+    :func:`depthlib.measures.middle_blocks`)."""
+    from depthlib.measures import middle_blocks
+    cols = sorted((c for c in docs.columns if c.startswith("theta_") and c[6:].isdigit()), key=lambda c: int(c[6:]))
+    return docs[cols].to_numpy(float)[:, middle_blocks(len(cols))].mean(1)
+
+
+def middle_update_angle(layers: pd.DataFrame) -> tuple[float, float]:
+    """(mean θ(Δh) over the middle pairs, its token-level standard error) from the ``layers`` table."""
+    from depthlib.measures import middle_update_pairs
+    dh = layers[layers["metric"] == "theta_dh"].sort_values("layer")
+    if dh.empty:
+        return math.nan, math.nan
+    n_blocks = len(dh) + 1
+    mid = dh.iloc[middle_update_pairs(n_blocks)]
+    se = float((mid["std"] / np.sqrt(mid["count"])).mean())     # as if every pair moved together: the larger SE
+    return float(mid["mean"].mean()), se
 
 
 def key_numbers(runs: dict[str, results.Run], analysis: dict) -> pd.DataFrame:
@@ -175,3 +198,25 @@ def answer(rows) -> str:
         parts.append(f"nearer a smooth flow's parallel steps in {', '.join(flow)}")
     return text + "; ".join(parts) + f" (π/2 = 1.57; **{by['update_angle'].status}**)."
 
+
+def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
+    """Chapter 2's numbers for the verdict's claims, per model it shows: the share of
+    sampled tokens in the evenly-updated cluster (Wilson interval), the mean middle-block angle (t interval over
+    documents) and the middle update angle θ(Δh) (token-level interval)."""
+    out: dict[str, list[Measurement]] = {"tokens_evenly": [], "middle_angle": [], "update_angle": []}
+    for model, run in model_runs(parts).items():
+        if run is None:
+            continue
+        if "tokens" in run.tables():
+            tokens = run.table("tokens")
+            share = trajectory.analyze_trajectories(trajectory.theta_matrix(tokens)).fractions["evenly"]
+            out["tokens_evenly"].append(Measurement(model, share, *wilson_interval(share, len(tokens)), run.profile,
+                                                    f"{len(tokens)} sampled tokens; Wilson interval"))
+        per_doc = middle_angle_per_doc(run.table("docs"))
+        mean, se = float(per_doc.mean()), float(per_doc.std(ddof=1) / np.sqrt(len(per_doc)))
+        out["middle_angle"].append(Measurement(model, mean, *t_interval(mean, se, len(per_doc) - 1), run.profile,
+                                               f"mean over {len(per_doc)} documents; t interval"))
+        dh, dh_se = middle_update_angle(run.table("layers"))
+        out["update_angle"].append(Measurement(model, dh, dh - 1.96 * dh_se, dh + 1.96 * dh_se, run.profile,
+                                               "token-level interval (tokens of a document are not independent)"))
+    return out

@@ -7,10 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from depthlib.scaling import PUBLISHED, Fit, excluded_mask, features, predict
+from depthlib import results
+from depthlib.claims import Measurement, percentile_interval
+from depthlib.scaling import PUBLISHED, Fit, excluded_mask, features, law, predict
 
 __all__ = ["answer", "bootstrap_caption", "depth_slider_caption", "distance_from_three", "exclusion_caption",
-           "observed_caption", "optimum_caption", "optimum_uncertainty", "preset_paragraph", "three_parts_caption"]
+           "measurements", "observed_caption", "optimum_caption", "optimum_exponents", "optimum_uncertainty",
+           "preset_paragraph", "three_parts_caption"]
 
 #: fewer excluded rows than this keep the under-trained, highest-loss runs in the fit (the paper excludes 40)
 FEW_EXCLUDED = 10
@@ -129,9 +132,16 @@ $(c_\ell, \alpha_\ell)$ valley, so Adam stopped at 50k steps is still drifting a
 """
 
 
+def optimum_exponents(alpha_m: np.ndarray, alpha_l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """m ∝ ℓ^x and loss ∝ N^−y at the width–depth optimum (:func:`depthlib.scaling.law.width_depth_optimum`),
+    vectorised over bootstrap resamples: x = α_ℓ/α_m, y = α_m α_ℓ / (2 α_ℓ + α_m)."""
+    a_m, a_l = np.asarray(alpha_m, float), np.asarray(alpha_l, float)
+    return a_l / a_m, a_m * a_l / (2 * a_l + a_m)
+
+
 def optimum_uncertainty(boot: pd.DataFrame, converged_n_exponent: float, classic: Fit) -> str:
     """The bootstrap interval of the exponent y of N^−y along the compute-optimal width–depth path."""
-    from depthlib.verdict import optimum_exponents, percentile_interval
+    from depthlib.claims import percentile_interval
     _, y = optimum_exponents(boot["alpha_m"], boot["alpha_l"])     # per bootstrap resample
     lo, hi = percentile_interval(y)
     inside = {v: "inside" if lo <= v <= hi else "outside" for v in (classic.param("alpha_N"), 1 / 3)}
@@ -180,3 +190,27 @@ def answer(rows, df: pd.DataFrame) -> str:
     return text + (f" The data cannot pin α_ℓ more finely: width and depth grow together in this family, and depth "
                    f"spans only {int(depths.min())}–{int(depths.max())} blocks.")
 
+
+def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
+    """Chapter 1's numbers for the verdict's claims, from the ``fits`` run it shows:
+    α_ℓ of the converged fit at the profile's exclusion with its bootstrap percentile interval, and the width–depth
+    optimum's exponents m ∝ ℓ^x and loss ∝ N^−y (:func:`depthlib.scaling.views.optimum_exponents`), each with the
+    interval of its bootstrap resamples."""
+    run = parts.get("fits")
+    if run is None:
+        return {}
+    boot, scan = run.table("bootstrap"), run.table("exclusion_scan")
+    k = run.config["exclude"]
+    row = scan[(scan["exclude"] == k) & (scan["depth_offset"] == 0)].iloc[0]
+    summary = law.bootstrap_summary(boot)["alpha_l"]
+    model = f"Chinchilla ({len(boot)} bootstrap resamples, {k} highest losses excluded)"
+    x, y = optimum_exponents(boot["alpha_m"], boot["alpha_l"])
+    x0, y0 = optimum_exponents(np.array([row["alpha_m"]]), np.array([row["alpha_l"]]))
+    return {
+        "chinchilla_alpha": [Measurement(model, float(row["alpha_l"]), summary["lo"], summary["hi"], run.profile,
+                                         "converged fit; 95 % bootstrap percentile interval")],
+        "width_depth": [Measurement(model, float(x0[0]), *percentile_interval(x), run.profile,
+                                    "α_ℓ/α_m of the converged fit; bootstrap interval")],
+        "n_exponent": [Measurement(model, float(y0[0]), *percentile_interval(y), run.profile,
+                                   "α_m α_ℓ/(2α_ℓ + α_m); bootstrap interval")],
+    }

@@ -12,12 +12,13 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results
-from depthlib.claims import gain_range
+from depthlib.claims import Measurement, gain_range
 from depthlib.contract import from_dict
 from depthlib.toy import certified
 
-__all__ = ["certificate_table", "certified_answer", "certified_reading", "conclusion", "exponent_table",
-           "separation_table", "slopes_table"]
+__all__ = ["certificate_table", "certified_answer", "certified_count", "certified_reading", "conclusion",
+           "exponent_table", "measurements", "protocol_exponents", "row_facts", "separation_table", "slopes_table",
+           "still_gaining"]
 
 
 def certified_answer(run: results.Run) -> str:
@@ -341,3 +342,135 @@ def separation_table(run: results.Run) -> pd.DataFrame:
                          "Δα_ℓ tied − independent [95 % interval]": [
                              _interval(v, lo, hi) for v, lo, hi in zip(sep["diff"], sep["lo"], sep["hi"])],
                          "replicates": sep["n"].astype(int)}).set_index("depths fitted")
+
+
+# ---- the numbers the verdict states (depthlib.toy.chapter.measurements) ---------------------------------------
+def protocol_exponents(parts: dict[str, results.Run | None]) -> tuple[pd.DataFrame | None, str | None, str, str]:
+    """Chapter 3's calibration exponents (teacher, temperature, alpha, lo, hi, replicates), with how many of the
+    fitted students are converged (``n_converged`` of ``n_students``), its profile and the protocol's name, from the
+    protocol runs among chapter 3's shown ``parts``: the ``certified`` run (its envelope; converged = certified by a
+    continuation) when the chapter shows one, else the ``converged`` run (its 1 % rule, which certifies nothing: its
+    rows are undecided)."""
+    run = parts.get("certified")
+    if run is not None and {"alpha_summary", "certified"} <= set(run.tables()):
+        summary = run.table("alpha_summary")
+        summary = summary[summary["fit"] == "envelope"]
+        students = run.table("certified")
+        counts = students.groupby(["teacher", "temperature"])["certified"].agg(n_converged="sum", n_students="size")
+        gains = students[~students["certified"]].groupby(["teacher", "temperature"])["last_continuation_gain"].agg(
+            gain_lo="min", gain_hi="max")
+        counts = counts.join(gains)
+        return (summary.merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
+                "certified protocol", "certified")
+    run = parts.get("converged")
+    if run is None or "alpha_summary" not in run.tables():
+        return None, None, "", ""
+    best = run.table("best")
+    counts = best.groupby(["teacher", "temperature"])["converged"].agg(n_converged="sum", n_students="size")
+    return (run.table("alpha_summary").merge(counts.reset_index(), on=["teacher", "temperature"]), run.profile,
+            "converged-loss protocol", "met its 1 % rule (a rule a schedule can meet, not a certificate)")
+
+
+def certified_count(r) -> tuple[int, int]:
+    """(certified, of) from a :func:`protocol_exponents` row (or the sum of several)."""
+    return int(r["n_converged"]), int(r["n_students"])
+
+
+def still_gaining(rows: pd.DataFrame) -> tuple[float, float] | None:
+    """(least, most) last continuation gain of the uncertified students of :func:`protocol_exponents` ``rows``."""
+    lo, hi = rows.get("gain_lo", pd.Series(dtype=float)).min(), rows.get("gain_hi", pd.Series(dtype=float)).max()
+    return (float(lo), float(hi)) if np.isfinite(lo) and np.isfinite(hi) else None
+
+
+def row_facts(parts: dict[str, results.Run | None], teacher: str, temperature: float) -> dict[str, str]:
+    """The further numbers of a chapter 3 row (:attr:`depthlib.claims.Measurement.facts`), from its certified run:
+    the envelope's α_ℓ fitted without its shallowest depths (``without_shallowest``, the fragility table's "without
+    ℓ ≤ …" fit), the envelope's α_ℓ before the first and after the last round of continuations (``rounds``,
+    "0.84 → 0.89") and how many held-out losses lie farther from their pool losses than the protocol allows
+    (``far_from_pool``, "11 of 18")."""
+    run = parts.get("certified")
+    if run is None or not {"fragility", "certified"} <= set(run.tables()):
+        return {}
+    frag, cert = run.table("fragility"), run.table("certified")
+    frag = frag[(frag["teacher"] == teacher) & np.isclose(frag["temperature"], temperature)
+                & frag["fit"].str.startswith("without ℓ ≤")]
+    cert = cert[(cert["teacher"] == teacher) & np.isclose(cert["temperature"], temperature)]
+    out = {"far_from_pool": f"{int((~cert['within_gap']).sum())} of {len(cert)}"}
+    if "alpha_rounds" in run.tables():
+        rounds = run.table("alpha_rounds")
+        rounds = rounds[(rounds["teacher"] == teacher) & np.isclose(rounds["temperature"], temperature)]
+        if len(rounds) > 1:
+            alpha = rounds.sort_values("round")["alpha"]
+            out["rounds"] = f"{alpha.iloc[0]:.2f} → {alpha.iloc[-1]:.2f}"
+    if len(frag):
+        f = frag.iloc[0]
+        out["without_shallowest"] = Measurement("", f["alpha"], f["lo"], f["hi"]).text(2)
+    return out
+
+
+def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
+    """Chapter 3's numbers for the verdict's claims: the tied and the independent
+    teacher's α_ℓ (highest T), their paired difference and the tied α_ℓ at the lowest T, from the certified protocol
+    run (its envelope; a number decides only where every student behind it is certified) or else the converged-loss
+    protocol's (its 1 % rule certifies nothing) or else the calibration runs; and the phase diagram's student
+    signature θ(Δh) at ρ = 0."""
+    from depthlib.toy import analysis, chapter
+    out: dict[str, list[Measurement]] = {}
+    conv, conv_profile, protocol, word = protocol_exponents(parts)
+    if conv is not None:
+        certifies = word == "certified"          # only the certified protocol's students can decide a row
+        for teacher, key in (("tied", "tied_alpha"), ("independent", "independent_alpha")):
+            t = conv[conv["teacher"] == teacher]
+            if len(t):
+                r = t.loc[t["temperature"].idxmax()]
+                out[key] = [Measurement(f"toy, {teacher} teacher, T = {r['temperature']:g}", float(r["alpha"]),
+                                        float(r["lo"]), float(r["hi"]), conv_profile,
+                                        f"{protocol}, {int(r['replicates'])} replicate(s); "
+                                        f"{int(r['n_converged'])} of {int(r['n_students'])} students {word}",
+                                        converged=certifies and bool(r["n_converged"] == r["n_students"]),
+                                        certified=certified_count(r) if certifies else None,
+                                        gaining=still_gaining(t.loc[[t["temperature"].idxmax()]]),
+                                        facts=row_facts(parts, teacher, float(r["temperature"])))]
+        source = parts.get("certified" if certifies else "converged")
+        sep = source.table("separation") if "separation" in source.tables() else pd.DataFrame()
+        if len(sep):
+            r = sep[sep["fit"] == "all depths"].iloc[0] if "fit" in sep else sep.iloc[0]
+            at = conv[conv["temperature"] == float(r.get("temperature", 1.0))]
+            out["tied_minus_independent"] = [Measurement(
+                f"toy, tied − independent, T = {float(r.get('temperature', 1.0)):g}", float(r["diff"]), float(r["lo"]),
+                float(r["hi"]), conv_profile, f"{protocol}, paired by replicate ({int(r['n'])}); "
+                f"{int(at['n_converged'].sum())} of {int(at['n_students'].sum())} students {word}",
+                converged=certifies and bool((at["n_converged"] == at["n_students"]).all()),
+                certified=certified_count(at.sum(numeric_only=True)) if certifies else None, gaining=still_gaining(at))]
+        tied = conv[conv["teacher"] == "tied"]
+        if len(tied):
+            r = tied.loc[tied["temperature"].idxmin()]
+            out["low_t_incomplete"] = [Measurement(f"toy, tied teacher, T = {r['temperature']:g}", float(r["alpha"]),
+                                                   float(r["lo"]), float(r["hi"]), conv_profile,
+                                                   f"{protocol}; {int(r['n_converged'])} of "
+                                                   f"{int(r['n_students'])} students {word}",
+                                                   converged=certifies and bool(r["n_converged"] == r["n_students"]),
+                                                   certified=certified_count(r) if certifies else None,
+                                                   gaining=still_gaining(tied.loc[[tied["temperature"].idxmin()]]),
+                                                   facts=row_facts(parts, "tied", float(r["temperature"])))]
+    elif "calibration" in chapter.SHOWN_PARTS:
+        cal = {kind: run for kind, run in chapter.calibration_parts(parts).items() if run is not None}
+        if cal:
+            summary = chapter.calibration_summary(cal)
+            for _, r in summary.iterrows():
+                key = "tied_alpha" if r["teacher"] == "tied" else "independent_alpha"
+                prof = cal[r["teacher"]].profile
+                out[key] = [Measurement(f"toy, {r['teacher']} teacher, T = {r['temperature']:g}", float(r["alpha"]),
+                                        float(r["lo"]), float(r["hi"]), prof,
+                                        f"toy-calibration run (no converged run yet): {int(r['steps']):,} steps, "
+                                        "1 replicate, t interval of the fit")]
+    run = parts.get("sweep")
+    if run is not None:
+        summary = analysis.signature_summary(run.table("signatures"), run.table("lag_cos"))
+        students = summary[(summary["net"] == "student") & (summary["rho"] == 0)]["theta_update"]
+        if len(students):
+            out["student_signatures"] = [Measurement(
+                "toy students, ρ = 0 (phase diagram)", float(students.mean()), float(students.min()),
+                float(students.max()), run.profile, f"mean over {len(students)} (T, depth) cells; range, not a "
+                f"95 % interval; {run.config['steps']:,}-step students, not certified", converged=False)]
+    return out

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from depthlib import results
+from depthlib.claims import Measurement
 from depthlib.tracing.analysis import functional_groups
 
-__all__ = ["ONE_BLOCK", "answer"]
+__all__ = ["ONE_BLOCK", "answer", "measurements"]
 
 #: a late group "arrives in one block" when a single block's step carries at least this share of its rise
 ONE_BLOCK = 0.5
@@ -41,3 +43,22 @@ def answer(rows, tables: dict[str, pd.DataFrame]) -> str:
             + "), which any single attention layer that moves the fact to the last token would produce: the trace "
               "cannot tell that step from a compositional site.")
     return text
+
+
+def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
+    """Chapter 4's numbers for the verdict's claims: per model, where the early
+    (subject) group of block restorations ends, l/ℓ, known to ± half a block."""
+    from depthlib.tracing.chapter import chapter_tables
+    run = parts.get("trace")
+    if run is None:
+        return {}
+    tables = chapter_tables(run)
+    groups = functional_groups(tables["facts"], "block", tables["baseline"])
+    out = []
+    for _, g in groups.iterrows():
+        half = 1 / (2 * g["n_layers"])      # the crossover is known to one block
+        out.append(Measurement(g["model"], float(g["early_to"]), float(g["early_to"]) - half,
+                               float(g["early_to"]) + half, run.profile,
+                               f"{int(g['n_facts'])} facts; ± half a block; the late group's effect arrives at one "
+                               f"block ({g['late_step_from']:.2f} → {g['late_step_to']:.2f})"))
+    return {"functional_groups": out}
