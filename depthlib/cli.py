@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import inspect
 import json
 import math
 import os
@@ -204,10 +205,18 @@ def _given(args, flags: tuple[tuple[str, str], ...]) -> list[str]:
 
 
 def _fill(args, **defaults) -> None:
-    """The defaults of a single run's own flags, where they were not given (None: not given)."""
+    """The defaults of a single run's own flags, where they were not given (None: not given): the command's own
+    (a quick single run's), where they are not the code's (:func:`_fill_from`)."""
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+
+
+def _fill_from(args, source: Callable, **params: str) -> None:
+    """Where a single run's flag ``dest`` was not given, the default of the parameter ``params[dest]`` of
+    ``source`` (the function or config the flag sets): each default is written once, in the code it configures."""
+    defaults = inspect.signature(source).parameters
+    _fill(args, **{dest: defaults[name].default for dest, name in params.items()})
 
 
 def resolve_settings(args, chapter, extra: list[tuple[str, str]] = ()) -> tuple[Any, tuple[str, ...] | None]:
@@ -331,7 +340,9 @@ def _add_scaling(p) -> None:
 def _cmd_scaling(args) -> dict[str, Any]:
     """``depthlib scaling``: one fit of the flags' settings."""
     from depthlib import data, scaling, validate
-    _fill(args, law="decomposed", preset="converged", exclude=40, depth_offset=0, objective="mse", bootstrap=0, seed=0)
+    _fill_from(args, scaling.bootstrap, law="law", exclude="exclude", depth_offset="depth_offset",
+               objective="objective", seed="seed")  # the fit's defaults too
+    _fill(args, bootstrap=0)                     # no resamples unless asked for
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     validate.int_in_range("--seed", args.seed, 0, 2**32 - 1)
@@ -343,8 +354,9 @@ def _cmd_scaling(args) -> dict[str, Any]:
     if args.bootstrap:
         from depthlib.scaling.chapter import check_bootstrap_memory
         check_bootstrap_memory(len(df), args.bootstrap, args.law)
-    fit = scaling.fit_decomposed_law(df, preset=args.preset, exclude=args.exclude, law=args.law,
-                                     depth_offset=args.depth_offset, objective=args.objective)
+    preset = {"preset": args.preset} if args.preset else {}              # else the fit's own
+    fit = scaling.fit_decomposed_law(df, exclude=args.exclude, law=args.law, depth_offset=args.depth_offset,
+                                     objective=args.objective, **preset)
     out = fit.summary()
     if args.bootstrap:
         boot = scaling.bootstrap(df, n_resamples=args.bootstrap, seed=args.seed, exclude=args.exclude,
@@ -531,23 +543,24 @@ def _add_probes(p) -> None:
 
 def _cmd_probes(args) -> dict[str, Any]:
     """``depthlib probes --model M ...``: one probe run of the flags' settings."""
-    from depthlib import probes
     if args.model is None:
         raise InputError("probes needs --model (or --profile for the chapter's runs)")
-    _fill(args, corpus="sotu", docs=16, max_length=256, batch_size=8, dtype="auto", seed=0)
+    from depthlib import probes
+    from depthlib.probes import chapter
     lensing = [f for f, v in (("--lens-tokens", args.lens_tokens), ("--lens-docs", args.lens_docs)) if v is not None]
     if args.no_lenses and lensing:
         raise InputError(f"{' and '.join(lensing)} {'sets' if len(lensing) == 1 else 'set'} the lenses, which "
                          f"--no-lenses turns off: drop one or the other")
-    lens_tokens = 16 if args.lens_tokens is None else args.lens_tokens          # the help's default
+    _fill_from(args, chapter.ProbeRun, corpus="corpus", docs="n_docs")
+    _fill_from(args, probes.ProbeConfig, max_length="max_length", batch_size="batch_size", dtype="dtype", seed="seed",
+               lens_tokens="lens_tokens_per_doc")
+    if args.lens_tokens < 0:
+        raise InputError(f"--lens-tokens must be >= 0 (0: all tokens), got {args.lens_tokens}")
     cfg = probes.ProbeConfig(max_length=args.max_length, batch_size=args.batch_size, dtype=args.dtype,
-                             lenses=not args.no_lenses,
-                             lens_tokens_per_doc=lens_tokens or None, lens_docs=args.lens_docs, seed=args.seed)
-    if lens_tokens < 0:
-        raise InputError(f"--lens-tokens must be >= 0 (0: all tokens), got {lens_tokens}")
+                             lenses=not args.no_lenses, lens_tokens_per_doc=args.lens_tokens or None,
+                             lens_docs=args.lens_docs, seed=args.seed)
     from depthlib import validate
     from depthlib.models import checks
-    from depthlib.probes import chapter
     if args.corpus not in ("sotu", "fineweb"):
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)
@@ -612,7 +625,8 @@ def _check_token_sample(args, cfg) -> None:
 
 
 # ---- tracing (chapter 4) -----------------------------------------------------------------------
-_TRACE_DEFAULTS = {"kind": "block", "samples": 10, "noise": "rome", "seed": 1, "dtype": "float32"}
+#: the settings of one fact's trace (their defaults: ``TraceConfig``'s and ``trace_one``'s)
+_TRACE_FLAGS = ("kind", "samples", "noise", "seed", "dtype")
 
 
 def _add_tracing(p) -> None:
@@ -642,7 +656,7 @@ def _tracing_check(args, settings, parts) -> None:
     a model), checked before any model is traced."""
     from depthlib import validate
     from depthlib.models import checks
-    given = [f"--{k}" for k in ("prompt", "subject", "target", *_TRACE_DEFAULTS, "window")
+    given = [f"--{k}" for k in ("prompt", "subject", "target", *_TRACE_FLAGS, "window")
              if getattr(args, k) is not None] + (["--force"] if args.force else [])
     if given:
         raise InputError(f"--profile traces the chapter's prompts and fact set with the profile's own settings (a "
@@ -661,9 +675,6 @@ def _tracing_runs_kwargs(args) -> dict[str, Any]:
 
 def _cmd_tracing(args) -> dict[str, Any]:
     """``depthlib tracing --model M --prompt ... --subject ...``: one fact's causal trace (never cached)."""
-    for key, value in _TRACE_DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
     missing = [f"--{k}" for k in ("model", "prompt", "subject") if getattr(args, k) is None]
     if missing:
         raise InputError(f"tracing needs {', '.join(missing)} (or --profile for the chapter's whole run)")
@@ -671,6 +682,7 @@ def _cmd_tracing(args) -> dict[str, Any]:
     from depthlib import tracing, validate
     from depthlib.models import checks
     from depthlib.tracing import chapter
+    _fill_from(args, tracing.TraceConfig, samples="samples", noise="noise", seed="seed")
     validate.int_in_range("--samples", args.samples, 1, chapter.MAX_SAMPLES)   # why this cap: chapter.MAX_SAMPLES
     if args.window is not None and args.window < 1:
         raise InputError(f"--window must be >= 1, got {args.window}")
@@ -680,8 +692,9 @@ def _cmd_tracing(args) -> dict[str, Any]:
         tracing.noise_sigma(None, None, args.noise)  # validates a number before loading the model
     checks.model_files("--model", args.model)
     config = tracing.TraceConfig(samples=args.samples, noise=args.noise, window=args.window, seed=args.seed)
-    return chapter.trace_one(args.model, args.prompt, args.subject, args.target, kind=args.kind, config=config,
-                             dtype=args.dtype, device=args.device, progress=sys.stderr.isatty())
+    given = {k: getattr(args, k) for k in ("kind", "dtype") if getattr(args, k) is not None}   # else trace_one's
+    return chapter.trace_one(args.model, args.prompt, args.subject, args.target, config=config, device=args.device,
+                             progress=sys.stderr.isatty(), **given)
 
 
 # ---- interventions (chapter 5) -----------------------------------------------------------------
@@ -711,7 +724,9 @@ def _cmd_interventions(args) -> dict[str, Any]:
     from depthlib.models import checks
     if args.model is None:
         raise InputError("interventions needs --model (or --profile for the chapter's runs)")
-    _fill(args, corpus="sotu", docs=8, rank_docs=8, max_length=256, batch_size=4)
+    _fill(args, docs=8, rank_docs=8)             # a quick run: fewer documents than a chapter run's
+    _fill_from(args, chapter.InterventionRun, corpus="corpus")
+    _fill_from(args, interventions.InterventionConfig, max_length="max_length", batch_size="batch_size")
     if args.corpus not in ("sotu", "fineweb"):
         validate.accessible("--corpus", args.corpus)
     validate.accessible("--model", args.model)

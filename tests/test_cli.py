@@ -434,3 +434,15 @@ def test_every_experiment_command_takes_force():
     for command in ("scaling", "toy", "probe", "trace"):
         sub = parser._subparsers._group_actions[0].choices[command]
         assert any("--force" in a.option_strings for a in sub._actions), command
+
+
+def test_a_single_fits_defaults_are_the_codes():
+    """``depthlib scaling`` fills its unset flags from ``scaling.bootstrap``'s defaults (``cli._fill_from``) and
+    passes them to the fit as well: the two functions must agree on every default they share."""
+    import inspect
+
+    from depthlib import scaling
+    fit, boot = (inspect.signature(f).parameters for f in (scaling.fit_decomposed_law, scaling.bootstrap))
+    shared = set(fit) & set(boot) - {"df"}
+    assert shared == {"exclude", "depth_offset", "law", "objective"}
+    assert all(fit[k].default == boot[k].default for k in shared)
