@@ -168,7 +168,8 @@ def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Gramm
                 *, on_step=None, stop_at: int | None = None) -> tuple[pd.DataFrame, dict]:
     """One fresh schedule of ``cfg`` from the model's current weights, on the training samples ``start …
     start + steps·batch − 1``. Returns the curve (step, lr, train_loss, val_loss, excess, accuracy) and the final
-    measurement (:func:`measure`) with ``seconds``. ``stop_at``: stop after the evaluation at that step."""
+    measurement (:func:`measure`) with ``seconds``. ``on_step(done, batch_loss)``: after every step. ``stop_at``: stop
+    after the evaluation at that step."""
     cfg.validate()
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, weight_decay=0.0)
@@ -184,7 +185,7 @@ def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Gramm
 
     for interval in optimise(model, opt, first=0, last=cfg.steps, rate=cfg.rate, loss=loss, grad_clip=cfg.grad_clip,
                              evals=set(cfg.eval_steps()),
-                             on_step=None if on_step is None else lambda done, _: on_step(done)):
+                             on_step=on_step):
         m = measure(task, model, held)
         rows.append({"step": interval.step, "lr": interval.lr, "train_loss": interval.train_loss,
                      **{k: m[k] for k in ("val_loss", "excess", "accuracy")}})

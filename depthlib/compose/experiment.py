@@ -147,7 +147,7 @@ def run_compose(cfg: ComposeConfig, *, force: bool = False, progress: bool = Tru
             name = unit_name(seed, family, depth)
             bar.set_postfix_str(name)
             tables = train_member(cfg, grammar, seed, family, depth, data, probe,
-                                  on_step=lambda _s, d=depth: bar.update(d))
+                                  on_step=lambda _s, _loss, d=depth: bar.update(d))
             for table in UNIT_TABLES[1:] + ("members",):          # members last: a member counts once it exists
                 store.write_table(f"{name}_{table}", tables[table])
             job.save_progress()

@@ -120,7 +120,8 @@ def train(model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, *,
     """Train ``model`` on fresh samples (the batch order is the sample index, the same for every member; ``seed``
     shifts the stream so replicates see different samples); returns ``curve`` (step, lr, train_loss, val_loss,
     excess), ``rel_improvement`` (total loss, the 1 % rule), ``rel_improvement_excess``, ``converged``, ``seconds``
-    and the final per-sequence held-out losses ``val_per_seq``. ``stop_at``: return ``{"curve": …}`` alone after the
+    and the final per-sequence held-out losses ``val_per_seq``. ``on_step(done, batch_loss)``: after every step.
+    ``stop_at``: return ``{"curve": …}`` alone after the
     evaluation at that step (a replay of a run's first interval)."""
     cfg.validate()
     leaves, bayes = data if data is not None else held_out(grammar, cfg.n_held_out)
@@ -140,7 +141,7 @@ def train(model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, *,
 
     for interval in optimise(model, opt, first=0, last=cfg.steps, rate=cfg.rate, loss=batch_loss,
                              grad_clip=cfg.grad_clip, evals=set(cfg.eval_steps()),
-                             on_step=None if on_step is None else lambda done, _: on_step(done)):
+                             on_step=on_step):
         per_seq = evaluate(model, leaves)
         rows.append({"step": interval.step, "lr": interval.lr, "train_loss": interval.train_loss,
                      "val_loss": float(per_seq.mean()), "excess": float(per_seq.mean()) - bayes_mean})

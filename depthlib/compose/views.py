@@ -336,9 +336,9 @@ def answer(rows) -> str:
 
 
 def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
-    """Chapter 7's numbers for the verdict's claims: the hierarchy control's
-    certified exponents (else the first grammar's, not certified), the looped toy students' and the families' on
-    chapter 6's text, each labelled by its family or teacher and what it measures."""
+    """Chapter 7's numbers for the verdict's claims: the hierarchy control's certified exponents (else the first
+    grammar's, not certified), the looped toy students' and the families' on chapter 6's text, each labelled by its
+    family or teacher and what it measures."""
     run, hierarchy = parts.get("rhm"), parts.get("hierarchy")
     out: dict[str, list[Measurement]] = {"hierarchical": [], "looped": []}
     if hierarchy is not None:       # the unseen, certified control supersedes the first grammar

@@ -184,9 +184,9 @@ def conclusion(preds: pd.DataFrame, grammar: pd.DataFrame | None = None) -> str:
 
 
 def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
-    """Chapter 5's numbers for the verdict's claims: per LLM, reordering ÷ deleting
-    the same middle blocks (95 % bootstrap over documents), applied only where the prediction held on its toy control
-    and the two controls separate."""
+    """Chapter 5's numbers for the verdict's claims: per LLM, reordering ÷ deleting the same middle blocks (95 %
+    bootstrap over documents), applied only where the prediction held on its toy control and the two controls
+    separate."""
     from depthlib.interventions import analysis
     from depthlib.interventions.chapter import statistics
     runs = {part: run for part, run in parts.items() if run is not None}

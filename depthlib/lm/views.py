@@ -225,9 +225,9 @@ def throughput_text(run: results.Run) -> str:
 
 
 def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
-    """Chapter 6's numbers for the verdict's claims: the series' α_ℓ and α_θ, from
-    the certified series (:func:`depthlib.lm.converged_views.measurements`) where the chapter shows one, else from the
-    first series (its members not certified: undecided)."""
+    """Chapter 6's numbers for the verdict's claims: the series' α_ℓ and α_θ, from the certified series
+    (:func:`depthlib.lm.converged_views.measurements`) where the chapter shows one, else from the first series (its
+    members not certified: undecided)."""
     if parts.get("converged") is not None:     # the series trained until α_ℓ stops moving supersedes the 2 M-token one
         from depthlib.lm import converged_views
         return converged_views.measurements(parts["converged"])

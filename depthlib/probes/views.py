@@ -200,9 +200,9 @@ def answer(rows) -> str:
 
 
 def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
-    """Chapter 2's numbers for the verdict's claims, per model it shows: the share of
-    sampled tokens in the evenly-updated cluster (Wilson interval), the mean middle-block angle (t interval over
-    documents) and the middle update angle θ(Δh) (token-level interval)."""
+    """Chapter 2's numbers for the verdict's claims, per model it shows: the share of sampled tokens in the
+    evenly-updated cluster (Wilson interval), the mean middle-block angle (t interval over documents) and the middle
+    update angle θ(Δh) (token-level interval)."""
     out: dict[str, list[Measurement]] = {"tokens_evenly": [], "middle_angle": [], "update_angle": []}
     for model, run in model_runs(parts).items():
         if run is None:

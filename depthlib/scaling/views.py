@@ -192,10 +192,10 @@ def answer(rows, df: pd.DataFrame) -> str:
 
 
 def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
-    """Chapter 1's numbers for the verdict's claims, from the ``fits`` run it shows:
-    α_ℓ of the converged fit at the profile's exclusion with its bootstrap percentile interval, and the width–depth
-    optimum's exponents m ∝ ℓ^x and loss ∝ N^−y (:func:`depthlib.scaling.views.optimum_exponents`), each with the
-    interval of its bootstrap resamples."""
+    """Chapter 1's numbers for the verdict's claims, from the ``fits`` run it shows: α_ℓ of the converged fit at the
+    profile's exclusion with its bootstrap percentile interval, and the width–depth optimum's exponents m ∝ ℓ^x and
+    loss ∝ N^−y (:func:`depthlib.scaling.views.optimum_exponents`), each with the interval of its bootstrap
+    resamples."""
     run = parts.get("fits")
     if run is None:
         return {}

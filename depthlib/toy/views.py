@@ -409,11 +409,10 @@ def row_facts(parts: dict[str, results.Run | None], teacher: str, temperature: f
 
 
 def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
-    """Chapter 3's numbers for the verdict's claims: the tied and the independent
-    teacher's α_ℓ (highest T), their paired difference and the tied α_ℓ at the lowest T, from the certified protocol
-    run (its envelope; a number decides only where every student behind it is certified) or else the converged-loss
-    protocol's (its 1 % rule certifies nothing) or else the calibration runs; and the phase diagram's student
-    signature θ(Δh) at ρ = 0."""
+    """Chapter 3's numbers for the verdict's claims: the tied and the independent teacher's α_ℓ (highest T), their
+    paired difference and the tied α_ℓ at the lowest T, from the certified protocol run (its envelope; a number
+    decides only where every student behind it is certified) or else the converged-loss protocol's (its 1 % rule
+    certifies nothing) or else the calibration runs; and the phase diagram's student signature θ(Δh) at ρ = 0."""
     from depthlib.toy import analysis, chapter
     out: dict[str, list[Measurement]] = {}
     conv, conv_profile, protocol, word = protocol_exponents(parts)

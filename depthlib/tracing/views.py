@@ -46,8 +46,8 @@ def answer(rows, tables: dict[str, pd.DataFrame]) -> str:
 
 
 def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
-    """Chapter 4's numbers for the verdict's claims: per model, where the early
-    (subject) group of block restorations ends, l/ℓ, known to ± half a block."""
+    """Chapter 4's numbers for the verdict's claims: per model, where the early (subject) group of block
+    restorations ends, l/ℓ, known to ± half a block."""
     from depthlib.tracing.chapter import chapter_tables
     run = parts.get("trace")
     if run is None:
