@@ -272,7 +272,7 @@ def test_replay_reproduces_the_first_evaluation(tiny_run):
     np.testing.assert_allclose(table["replayed"], table["committed"], rtol=1e-6)
 
 
-def test_chapter_run_selects_the_profile_run(monkeypatch):
+def test_chapter_run_selects_the_profile_run(cache, monkeypatch):
     smoke = chapter.LMProfile("smoke", dataclasses.replace(TINY, profile="smoke"))
     monkeypatch.setitem(chapter.PROFILES, "smoke", smoke)
     monkeypatch.setenv("DEPTHLIB_RESULTS_DIR", "/nonexistent-committed-runs")

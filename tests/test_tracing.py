@@ -392,10 +392,19 @@ def test_chapter_run_replay_and_check_kinds(tok, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_gemma_smoke_run_replays():
-    """The smoke run of the chapter (offline Gemma-3-270M and SmolLM2-135M) recomputes to the same heat map."""
+def test_gemma_smoke_run_replays(tmp_path, monkeypatch):
+    """The smoke run of the chapter (offline Gemma-3-270M and SmolLM2-135M) recomputes to the same heat map. It is
+    computed in a results cache of its own (the offline models' conversions are shared, minutes each): a test run
+    leaves no run in the checkout's cache, whose runs a smoke build of the book would show."""
+    from depthlib import paths
     from depthlib.tracing import chapter
+    models = paths.cache_dir() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "models").symlink_to(models, target_is_directory=True)
+    monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(tmp_path / "cache"))
     run = chapter.runs("smoke")["trace"]
+    assert run.path.is_relative_to(tmp_path)
     replayed = tracing.replay(run)
     assert replayed["committed"].notna().all() and len(replayed) > 0
     np.testing.assert_allclose(replayed["replayed"], replayed["committed"], rtol=1e-5, atol=1e-7)

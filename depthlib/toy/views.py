@@ -418,18 +418,21 @@ def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
     conv, conv_profile, protocol, word = protocol_exponents(parts)
     if conv is not None:
         certifies = word == "certified"          # only the certified protocol's students can decide a row
+
+        def cell(teacher: str, r: pd.Series, settings: str) -> list[Measurement]:
+            """The α_ℓ of one (teacher, T) row ``r`` of ``conv``, with how many of its students are certified."""
+            return [Measurement(f"toy, {teacher} teacher, T = {r['temperature']:g}", float(r["alpha"]), float(r["lo"]),
+                                float(r["hi"]), conv_profile, f"{protocol}{settings}; {int(r['n_converged'])} of "
+                                f"{int(r['n_students'])} students {word}",
+                                converged=certifies and bool(r["n_converged"] == r["n_students"]),
+                                certified=certified_count(r) if certifies else None,
+                                gaining=still_gaining(conv.loc[[r.name]]),
+                                facts=row_facts(parts, teacher, float(r["temperature"])))]
         for teacher, key in (("tied", "tied_alpha"), ("independent", "independent_alpha")):
             t = conv[conv["teacher"] == teacher]
             if len(t):
                 r = t.loc[t["temperature"].idxmax()]
-                out[key] = [Measurement(f"toy, {teacher} teacher, T = {r['temperature']:g}", float(r["alpha"]),
-                                        float(r["lo"]), float(r["hi"]), conv_profile,
-                                        f"{protocol}, {int(r['replicates'])} replicate(s); "
-                                        f"{int(r['n_converged'])} of {int(r['n_students'])} students {word}",
-                                        converged=certifies and bool(r["n_converged"] == r["n_students"]),
-                                        certified=certified_count(r) if certifies else None,
-                                        gaining=still_gaining(t.loc[[t["temperature"].idxmax()]]),
-                                        facts=row_facts(parts, teacher, float(r["temperature"])))]
+                out[key] = cell(teacher, r, f", {int(r['replicates'])} replicate(s)")
         source = parts.get("certified" if certifies else "converged")
         sep = source.table("separation") if "separation" in source.tables() else pd.DataFrame()
         if len(sep):
@@ -443,15 +446,7 @@ def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
                 certified=certified_count(at.sum(numeric_only=True)) if certifies else None, gaining=still_gaining(at))]
         tied = conv[conv["teacher"] == "tied"]
         if len(tied):
-            r = tied.loc[tied["temperature"].idxmin()]
-            out["low_t_incomplete"] = [Measurement(f"toy, tied teacher, T = {r['temperature']:g}", float(r["alpha"]),
-                                                   float(r["lo"]), float(r["hi"]), conv_profile,
-                                                   f"{protocol}; {int(r['n_converged'])} of "
-                                                   f"{int(r['n_students'])} students {word}",
-                                                   converged=certifies and bool(r["n_converged"] == r["n_students"]),
-                                                   certified=certified_count(r) if certifies else None,
-                                                   gaining=still_gaining(tied.loc[[tied["temperature"].idxmin()]]),
-                                                   facts=row_facts(parts, "tied", float(r["temperature"])))]
+            out["low_t_incomplete"] = cell("tied", tied.loc[tied["temperature"].idxmin()], "")
     elif "calibration" in chapter.SHOWN_PARTS:
         cal = {kind: run for kind, run in chapter.calibration_parts(parts).items() if run is not None}
         if cal:
