@@ -64,8 +64,9 @@ notebooks: install
 
 # One pytest worker per core (TEST_JOBS=1 runs them in one process). A test file stays on one worker (its fixtures are
 # built once; a notebook's cells share a kernel); each worker and notebook kernel computes on one thread, so the
-# workers never oversubscribe the cores.
-TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+# workers never oversubscribe the cores. GNU nproc reports OMP_NUM_THREADS when it is set (a shell or cluster that
+# sets it to 1 would get one worker): the cores are counted without it.
+TEST_JOBS ?= $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
 test: install
 	$(BIN)/ruff check depthlib tests benchmarks
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile --durations=25 --nbval tests notebooks

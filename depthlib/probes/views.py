@@ -14,9 +14,9 @@ from depthlib.claims import Measurement, t_interval, wilson_interval
 from depthlib.probes import trajectory
 from depthlib.probes.chapter import angle_summary, ideal_distances, lens_precision, model_runs
 
-__all__ = ["NEAR_ORTHOGONAL", "angles_paragraph", "answer", "clusters_paragraph", "depth_law_paragraph", "key_numbers",
-           "lens_paragraph", "measurements", "middle_angle_per_doc", "middle_update_angle", "noise_paragraph",
-           "relative_depth_caption", "updates_paragraph"]
+__all__ = ["NEAR_ORTHOGONAL", "angles_paragraph", "answer", "clusters_paragraph", "depth_law_paragraph",
+           "key_numbers", "lens_paragraph", "measurements", "middle_angle_per_doc", "middle_update_angle",
+           "noise_paragraph", "relative_depth_caption", "run_lines", "updates_paragraph"]
 
 #: an update angle within this of π/2 (rad) is called "near π/2": neighbouring updates nearly uncorrelated
 NEAR_ORTHOGONAL = 0.1
@@ -42,6 +42,16 @@ def middle_update_angle(layers: pd.DataFrame) -> tuple[float, float]:
     mid = dh.iloc[middle_update_pairs(n_blocks)]
     se = float((mid["std"] / np.sqrt(mid["count"])).mean())     # as if every pair moved together: the larger SE
     return float(mid["mean"].mean()), se
+
+
+def run_lines(runs: dict[str, results.Run]) -> str:
+    """One line per probed model: documents, corpus, tokens per document, valid tokens and dtype of its run."""
+    lines = []
+    for model, run in runs.items():
+        man, s = run.manifest, run.manifest["summary"]
+        lines.append(f"{model}: {s['n_docs']} documents of {man['corpus']} x <= {man['config']['max_length']} tokens "
+                     f"= {s['n_tokens']} valid tokens, {s['dtype']}")
+    return "\n".join(lines)
 
 
 def key_numbers(runs: dict[str, results.Run], analysis: dict) -> pd.DataFrame:

@@ -16,9 +16,9 @@ from depthlib.claims import Measurement, gain_range
 from depthlib.contract import from_dict
 from depthlib.toy import certified
 
-__all__ = ["certificate_table", "certified_answer", "certified_count", "certified_reading", "conclusion",
-           "exponent_table", "measurements", "protocol_exponents", "row_facts", "separation_table", "slopes_table",
-           "still_gaining"]
+__all__ = ["calibration_lines", "certificate_table", "certified_answer", "certified_count", "certified_reading",
+           "conclusion", "exponent_table", "measurements", "protocol_exponents", "row_facts", "separation_table",
+           "slopes_table", "still_gaining"]
 
 
 def certified_answer(run: results.Run) -> str:
@@ -342,6 +342,13 @@ def separation_table(run: results.Run) -> pd.DataFrame:
                          "Δα_ℓ tied − independent [95 % interval]": [
                              _interval(v, lo, hi) for v, lo, hi in zip(sep["diff"], sep["lo"], sep["hi"])],
                          "replicates": sep["n"].astype(int)}).set_index("depths fitted")
+
+
+def calibration_lines(cal: dict[str, results.Run]) -> str:
+    """One line per calibration run: its training FLOPs, wall time, rate and threads."""
+    return "\n".join(f"{kind}: {m['flop_total']:.2e} FLOP in {m['wall_time_s']:.0f} s of wall time, "
+                     f"{m['gflop_per_s']} GFLOP/s on {m['torch_threads']} thread(s)"
+                     for kind, m in ((kind, run.manifest) for kind, run in cal.items()))
 
 
 # ---- the numbers the verdict states (depthlib.toy.chapter.measurements) ---------------------------------------
