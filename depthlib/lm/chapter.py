@@ -35,8 +35,7 @@ SHOWN_PARTS = ("series", "converged")
 
 __all__ = ["COMPUTE", "CONVERGED_EXPERIMENT", "CPU_TRAIN_FLOP_PER_S", "EXPERIMENT", "PARTS", "PROFILES",
            "SHOWN_PARTS", "LMProfile", "alpha_shown", "compute", "converged_config", "converged_run", "labelled",
-           "converged_training_flop", "describe", "profile_config", "replay", "runs", "summary",
-           "training_flop"]
+           "converged_training_flop", "describe", "profile_config", "replay", "runs", "summary", "training_flop"]
 
 
 @dataclass(frozen=True)

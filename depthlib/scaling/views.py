@@ -133,7 +133,7 @@ $(c_\ell, \alpha_\ell)$ valley, so Adam stopped at 50k steps is still drifting a
 
 
 def optimum_exponents(alpha_m: np.ndarray, alpha_l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """m ∝ ℓ^x and loss ∝ N^−y at the width–depth optimum (:func:`depthlib.scaling.law.width_depth_optimum`),
+    """m ∝ ℓ^x and loss ∝ N^−y at the width–depth optimum (:func:`depthlib.scaling.width_depth_optimum`, for one fit),
     vectorised over bootstrap resamples: x = α_ℓ/α_m, y = α_m α_ℓ / (2 α_ℓ + α_m)."""
     a_m, a_l = np.asarray(alpha_m, float), np.asarray(alpha_l, float)
     return a_l / a_m, a_m * a_l / (2 * a_l + a_m)
@@ -141,7 +141,6 @@ def optimum_exponents(alpha_m: np.ndarray, alpha_l: np.ndarray) -> tuple[np.ndar
 
 def optimum_uncertainty(boot: pd.DataFrame, converged_n_exponent: float, classic: Fit) -> str:
     """The bootstrap interval of the exponent y of N^−y along the compute-optimal width–depth path."""
-    from depthlib.claims import percentile_interval
     _, y = optimum_exponents(boot["alpha_m"], boot["alpha_l"])     # per bootstrap resample
     lo, hi = percentile_interval(y)
     inside = {v: "inside" if lo <= v <= hi else "outside" for v in (classic.param("alpha_N"), 1 / 3)}
