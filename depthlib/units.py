@@ -44,13 +44,19 @@ class UnitProtocol:
     train: str                     # "module:function": train_unit(cfg, cell, load, save, say, device) -> tables
     config_class: str              # "module:Class" of the settings (a Profile)
     unit_tables: tuple[str, ...]   # what ``train`` returns, in order
-    merge: str                     # "module:function": (cfg, {table: stacked units' table}) -> {table: merged}
-    stage_format: str = "student"  # a saved stage: "student" (depthlib.toy.certified.Student) or "triple"
-                                   # (weights, curve, row: the converged protocol's)
+    merge: str                     # "module:function": (cfg, {table: stacked units' table}) -> {table: merged}, or
+                                   # ({table: merged}, {manifest entry: value}) to record the merge's checks too
+    stage_format: str = "student"  # a saved stage: "student" (depthlib.toy.certified.Student), "triple"
+                                   # (weights, curve, row: the converged protocol's) or "tables" ({name: DataFrame}:
+                                   # a finished member's tables, chapter 7's hierarchy control)
 
     def label(self, cell: dict) -> str:
-        from depthlib.toy.converged import TEACHER_KINDS
-        return f"{self.name}-{TEACHER_KINDS[cell['rho']]}-T{cell['temperature']:g}-r{cell['replicate']}"
+        """The unit's name in progress lines: a toy unit's teacher, temperature and replicate, else its cell's
+        values."""
+        if "rho" in cell:
+            from depthlib.toy.converged import TEACHER_KINDS
+            return f"{self.name}-{TEACHER_KINDS[cell['rho']]}-T{cell['temperature']:g}-r{cell['replicate']}"
+        return "-".join([self.name, *(str(v) for v in cell.values())])
 
     def settings(self, config: dict):
         return resolve(self.config_class).from_dict(config).validate()
@@ -70,25 +76,33 @@ def merged_by_units() -> dict[str, str]:
 
 
 def _stage_io(protocol: UnitProtocol, run: results.Run, job):
-    """``load(stage, depth)`` and ``save(stage, depth, ...)`` of one unit: every finished student is one file in the
-    unit's folder (its weights, curve and summary row), written atomically."""
+    """``load(stage, depth)`` and ``save(stage, depth, ...)`` of one unit: every finished student (its weights, curve
+    and summary row), or member (its tables), is one file in the unit's folder, written atomically."""
     import torch
 
     from depthlib.toy.certified import Student
     from depthlib.toy.models import StudentWeights
 
+    tables = protocol.stage_format == "tables"
+
     def path(stage, depth):
-        return run.path / f"student_{stage}_{depth:03d}.pt"
+        return run.path / (f"{stage}_{depth:03d}.pt" if tables else f"student_{stage}_{depth:03d}.pt")
 
     def load(stage, depth):
         p = path(stage, depth)
         if not (p.exists() and results.readable_checkpoint(p)):
             return None
         s = torch.load(p, weights_only=False)
+        if tables:
+            return s
         w, curve, row = StudentWeights(**s["weights"]), pd.DataFrame(s["curve"]), s["row"]
         return Student(w, row, curve) if protocol.stage_format == "student" else (w, curve, row)
 
     def save(stage, depth, *done):
+        if tables:
+            results.atomic_torch_save(path(stage, depth), done[0])
+            job.save_progress()
+            return
         w, curve, row = ((done[0].weights, done[0].curve, done[0].row) if protocol.stage_format == "student"
                          else done)
         results.atomic_torch_save(path(stage, depth), {"weights": dataclasses.asdict(w), "row": row,
@@ -189,11 +203,13 @@ def merge_units(protocol: UnitProtocol, cfg, unit_runs: list[results.Run], start
         run = job.run
         stacked = {name: pd.concat([r.table(name) for r in unit_runs], ignore_index=True)
                    for name in protocol.unit_tables}
-        for name, table in resolve(protocol.merge)(cfg, stacked).items():
+        merged = resolve(protocol.merge)(cfg, stacked)
+        merged, checks = merged if isinstance(merged, tuple) else (merged, {})
+        for name, table in merged.items():
             run.write_table(name, table)
         units = {r.path.name: {"cell": r.manifest.get("cell"), "wall_time_s": r.manifest.get("wall_time_s"),
                                "torch_threads": r.manifest.get("torch_threads")} for r in unit_runs}
-        job.record(units=units, unit_wall_time_s=round(sum(u["wall_time_s"] or 0 for u in units.values()), 3),
+        job.record(**checks, units=units, unit_wall_time_s=round(sum(u["wall_time_s"] or 0 for u in units.values()), 3),
                    merge_wall_time_s=round(max(job.elapsed - (before or 0.0), 0.0), 3))
     return run
 

@@ -11,6 +11,7 @@ families on chapter 6's text at chapter 6's certified budget, :mod:`depthlib.com
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -19,12 +20,14 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime, units
-from depthlib.compose import hierarchy, looped_certified, text_certified
+from depthlib.compose import hierarchy, hierarchy_units, looped_certified, text_certified
 from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
-from depthlib.compose.hierarchy import HierarchyConfig
+from depthlib.compose.hierarchy import MEMBER_TABLES, HierarchyConfig
+from depthlib.compose.hierarchy_units import HierarchyLMConfig
 from depthlib.compose.looped_certified import LoopedCertifiedConfig
 from depthlib.compose.model import GrammarModelConfig
+from depthlib.compose.network import GrammarModelConfig as LMGrammarModelConfig
 from depthlib.compose.rhm import RHMConfig
 from depthlib.compose.text_certified import TextCertifiedConfig
 from depthlib.compose.train import GrammarTrainConfig
@@ -41,23 +44,33 @@ COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
            hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:run_hierarchy",
            text_certified.EXPERIMENT: "depthlib.compose.text_certified:run_text_certified",
            looped_certified.EXPERIMENT: "depthlib.compose.looped_certified:train_unit",
-           looped_certified.UNITS: "depthlib.compose.looped_certified:train_unit"}
+           looped_certified.UNITS: "depthlib.compose.looped_certified:train_unit",
+           hierarchy_units.EXPERIMENT: "depthlib.compose.hierarchy_units:train_unit",
+           hierarchy_units.UNITS: "depthlib.compose.hierarchy_units:train_unit"}
 HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
+#: the hierarchy control on chapter 6's model (:mod:`depthlib.compose.hierarchy_units`), computed unit by unit
+HIERARCHY_LM_EXPERIMENT = hierarchy_units.EXPERIMENT
 TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
 TOY_CERTIFIED_EXPERIMENT = looped_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
-PARTS = ("rhm", "hierarchy", "text_certified", "toy_certified")
-#: The parts the chapter shows by default: all of them
-SHOWN_PARTS = PARTS
+PARTS = ("rhm", "hierarchy", "text_certified", "toy_certified", "hierarchy_lm")
+#: The parts the chapter shows by default: all but ``hierarchy_lm``, the hierarchy control on chapter 6's model,
+#: whose units are being computed (it replaces ``hierarchy``, on chapter 7's own network, once every unit is in)
+SHOWN_PARTS = PARTS[:4]
 #: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
 PART_FIELDS = {"rhm": "run", "hierarchy": "hierarchy", "text_certified": "text_certified",
-               "toy_certified": "toy_certified"}
+               "toy_certified": "toy_certified", "hierarchy_lm": "hierarchy_lm"}
 #: The looped students under chapter 3's certified protocol: a run made of units (:mod:`depthlib.units`)
 LOOPED_PROTOCOL = units.UnitProtocol("looped", looped_certified.EXPERIMENT, looped_certified.UNITS,
                                      COMPUTE[looped_certified.UNITS],
                                      "depthlib.compose.looped_certified:LoopedCertifiedConfig",
                                      ("stages", "curves", "certified", "signatures", "lags"),
                                      "depthlib.compose.chapter:merge_looped_certified")
+#: The hierarchy control on chapter 6's model: a run made of units, one per replicate, task and family
+HIERARCHY_LM_PROTOCOL = units.UnitProtocol("hierarchy", hierarchy_units.EXPERIMENT, hierarchy_units.UNITS,
+                                           COMPUTE[hierarchy_units.UNITS],
+                                           "depthlib.compose.hierarchy_units:HierarchyLMConfig", MEMBER_TABLES,
+                                           "depthlib.compose.hierarchy_units:merge", stage_format="tables")
 
 __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "LOOPED_PROTOCOL", "PARTS", "PART_FIELDS", "PROFILES",
            "SHOWN_PARTS", "TEXT_CERTIFIED_EXPERIMENT", "TOY_CERTIFIED_EXPERIMENT", "ComposeProfile", "compute", "describe",
@@ -65,6 +78,14 @@ __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "LOOPED_PROTOCOL", "
            "merge_looped_certified", "profile_config", "replay", "replay_hierarchy", "replay_text_certified",
            "replay_toy_certified", "runs", "summary", "summary_hierarchy", "summary_text_certified",
            "summary_toy_certified"]
+
+
+def on_lm_model(cfg: HierarchyConfig) -> HierarchyLMConfig:
+    """The hierarchy control's settings ``cfg`` with every member on chapter 6's model of the same width, heads and
+    MLP ratio (:mod:`depthlib.compose.hierarchy_units`)."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    m = cfg.model
+    return HierarchyLMConfig(**{**fields, "model": LMGrammarModelConfig(m.d_model, m.n_heads, m.mlp_ratio)})
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,11 @@ class ComposeProfile(Profile):
     hierarchy: HierarchyConfig
     text_certified: TextCertifiedConfig
     toy_certified: LoopedCertifiedConfig
+    hierarchy_lm: HierarchyLMConfig | None = None     # default: ``hierarchy``'s settings on chapter 6's model
+
+    def __post_init__(self):
+        if self.hierarchy_lm is None:
+            object.__setattr__(self, "hierarchy_lm", on_lm_model(self.hierarchy))
 
 
 #: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
@@ -189,6 +215,13 @@ def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedC
     ``device``: the hierarchy part's members may train on an accelerator; the other parts train on the CPU."""
     jobs = _jobs(executor)
     runtime.configure_process(1)
+    if isinstance(cfg, HierarchyLMConfig):
+        if force:
+            raise InputError("--force does not apply to the hierarchy control on chapter 6's model (its units resume; "
+                             "--rerun recomputes what the local cache lacks)")
+        started = time.time()
+        done = units.train_units(HIERARCHY_LM_PROTOCOL, cfg, cfg.cells(), device, executor=executor)
+        return units.merge_units(HIERARCHY_LM_PROTOCOL, cfg, done, started)
     if isinstance(cfg, HierarchyConfig):
         return hierarchy.run_hierarchy(cfg, jobs=jobs or hierarchy.default_jobs(), device=device, force=force,
                                        progress=progress)
@@ -277,6 +310,10 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
         out["toy_certified"] = units.protocol_run(
             LOOPED_PROTOCOL, profile, lambda q: PROFILES[q].toy_certified if q in PROFILES else None, looped_units,
             rerun=rerun)
+    if "hierarchy_lm" in parts:
+        out["hierarchy_lm"] = units.protocol_run(
+            HIERARCHY_LM_PROTOCOL, profile, lambda q: PROFILES[q].hierarchy_lm if q in PROFILES else None,
+            lambda c: c.cells(), rerun=rerun, executor=executor)
     return out
 
 
@@ -330,7 +367,7 @@ def replay(run: results.Run) -> pd.DataFrame:
     import torch
     if run.experiment in (looped_certified.EXPERIMENT, looped_certified.UNITS):
         return replay_toy_certified(run)
-    if run.experiment == HIERARCHY_EXPERIMENT:
+    if run.experiment in (HIERARCHY_EXPERIMENT, hierarchy_units.EXPERIMENT, hierarchy_units.UNITS):
         return replay_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
         return replay_text_certified(run)
@@ -354,18 +391,27 @@ def replay(run: results.Run) -> pd.DataFrame:
 
 
 def replay_hierarchy(run: results.Run) -> pd.DataFrame:
-    """Retrain the hierarchy run's first member (first replicate and task, first family, shallowest depth) up to its
-    main stage's first held-out evaluation with the current code; its committed and recomputed losses there."""
+    """Retrain the hierarchy run's first member (first replicate and task, first family, shallowest depth; on chapter
+    6's model, the first unit's shallowest member, or the unit's) up to its main stage's first held-out evaluation
+    with the current code; its committed and recomputed losses there."""
     import torch
-    cfg = HierarchyConfig.from_dict(run.config)
-    seed, task, family, depth = cfg.units()[0]
+    on_lm = run.experiment != HIERARCHY_EXPERIMENT
+    config = dict(run.config)
+    cell = config.pop("cell", None)
+    cfg = (HierarchyLMConfig if on_lm else HierarchyConfig).from_dict(config)
     first = cfg.train.eval_steps()[1]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        curve = hierarchy.first_curve(cfg, first)
+        if on_lm:
+            cell = cell or cfg.cells()[0]
+            curve = hierarchy_units.first_curve(cfg, cell, first)
+        else:
+            curve = hierarchy.first_curve(cfg, first)
     finally:
         torch.set_num_threads(threads)
+    seed, task, family, depth = (int(curve[k].iloc[0]) if k in ("seed", "depth") else curve[k].iloc[0]
+                                 for k in ("seed", "task", "family", "depth"))
     c = run.table("curves")
     mine = c[(c["task"] == task) & (c["family"] == family) & (c["depth"] == depth) & (c["seed"] == seed)
              & (c["stage"] == "main")]
@@ -523,7 +569,7 @@ def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == TOY_CERTIFIED_EXPERIMENT:
         return describe_toy_certified(run)
-    if run.experiment == HIERARCHY_EXPERIMENT:
+    if run.experiment in (HIERARCHY_EXPERIMENT, HIERARCHY_LM_EXPERIMENT):
         return describe_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
         return describe_text_certified(run)
@@ -559,7 +605,7 @@ def summary(run: results.Run) -> dict:
     from depthlib.compose import analysis
     if run.experiment == TOY_CERTIFIED_EXPERIMENT:
         return summary_toy_certified(run)
-    if run.experiment == HIERARCHY_EXPERIMENT:
+    if run.experiment in (HIERARCHY_EXPERIMENT, HIERARCHY_LM_EXPERIMENT):
         return summary_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
         return summary_text_certified(run)
