@@ -1,19 +1,21 @@
 """Chapter 7's hierarchy part: a timed slice of its members, and the wall time it projects for the whole run.
 
 One one-thread process times, on the profile's grammar and held-out set, through the run's own code
-(:mod:`depthlib.compose.hierarchy`, :mod:`depthlib.compose.certify`): a slice of optimiser steps of the untied member
-at the deepest and the shallowest depth of each task, one held-out evaluation of each, the deepest member's
+(:mod:`depthlib.compose.hierarchy`, :mod:`depthlib.compose.certify`): a slice of optimiser steps of the untied
+member at the deepest and the shallowest depth of each task, one held-out evaluation of each, the deepest member's
 diagnostics (next leaf) and edits (root), and the grammar's unit (the n-gram tables on a replicate's whole span, the
 Bayes root table). Seconds per optimiser step are a + b·ℓ per task (:func:`line`). :func:`project` then schedules
-every member the way :func:`depthlib.compose.hierarchy.run_hierarchy` does — deepest first, an idle worker takes the
-next — on ``workers`` one-thread processes, each member's steps being its main stage plus its continuations (each
-half its steps so far), with ``evals + 1`` evaluations a stage and its diagnostics at the end; the grammar's unit runs
-first, alone. Two projections: every member runs every continuation (the most the run can take; the likely case at
-the cpu budget, where no next-leaf member certifies), and the root members at ℓ ≥ ``root_stop_depth`` stopping one
-continuation early (no held-out error left certifies a root member without a continuation). Times are CPU seconds
-of the slice's process (the time it needs from a core of its own), with the load average beside them: a machine
-whose cores are shared gives each worker only part of a core, so the run's wall time is the projection divided by
-that share (the slices' CPU time over their wall time is printed as ``cpu_share``).
+the run's units the way the units runner does (:mod:`depthlib.units`: a unit is one replicate's members of one task
+and family, :meth:`depthlib.compose.hierarchy.HierarchyConfig.cells`, the longest first, an idle worker taking the
+next) on ``workers`` one-thread processes, each member's steps being its main stage plus its continuations (each
+half its steps so far), with ``evals + 1`` evaluations a stage and its diagnostics at the end; each unit draws the
+held-out sets, and the merge (the grammar's tables) runs last, alone. Two projections: every member runs every
+continuation (the most the run can take; the likely case at the cpu budget, where no next-leaf member certifies),
+and the root members at ℓ ≥ ``root_stop_depth`` stopping one continuation early (no held-out error left certifies a
+root member without a continuation). Times are CPU seconds of the slice's process (the time it needs from a core of
+its own), with the load average beside them: a machine whose cores are shared gives each worker only part of a core,
+so the run's wall time is the projection divided by that share (the slices' CPU time over their wall time is printed
+as ``cpu_share``).
 
 Prints one JSON object and writes ``benchmarks/out/bench_compose_hierarchy_<profile>.json``. No assertions.
 
@@ -52,7 +54,7 @@ def measure(profile: str, steps: int) -> dict:
     from depthlib.compose.diagnostics import diagnose
     from depthlib.compose.roots import root_edits
     torch.set_num_threads(1)
-    cfg = chapter.PROFILES[profile].hierarchy.validate()
+    cfg = chapter.PROFILES[profile].hierarchy_lm.validate()
     grammar = rhm.make_grammar(cfg.grammar)
     (held, probe), held_cpu, _ = _clock(lambda: hierarchy.held_out_sets(cfg))
     short = dataclasses.replace(cfg.train, steps=steps, evals=5)
@@ -101,12 +103,13 @@ def member_steps(cfg, continuations: int) -> list[int]:
 
 def project(cfg, t: dict, *, workers: int = 2, root_stop_depth: int | None = None) -> dict:
     """Wall seconds of the run of ``cfg`` on ``workers`` one-thread processes from the timings ``t``
-    (:func:`measure`): the held-out draw and the grammar's unit, then every member (its stages' steps at a + b·ℓ,
-    ``evals + 1`` evaluations a stage, diagnostics or edits in proportion to its depth), deepest first, an idle worker
-    taking the next. Every member runs every continuation, except root members at ℓ ≥ ``root_stop_depth``, which run
-    one fewer. Returns wall_s, member_s (their sum) and the steps of the longest member."""
+    (:func:`measure`): every unit (the held-out draw, then its members: their stages' steps at a + b·ℓ, ``evals + 1``
+    evaluations a stage, diagnostics or edits in proportion to its depth) in the runner's order, an idle worker taking
+    the next, then the merge (the grammar's tables). Every member runs every continuation, except root members at
+    ℓ ≥ ``root_stop_depth``, which run one fewer. Returns wall_s, member_s (the members' sum) and the steps of the
+    longest member."""
     deep = int(t["deep"])
-    costs = []
+    costs, units = [], {}
     for seed, task, family, depth in cfg.units():
         a, b = line(t["step_s"][task])
         ea, eb = line(t["eval_s"][task])
@@ -116,11 +119,13 @@ def project(cfg, t: dict, *, workers: int = 2, root_stop_depth: int | None = Non
         stages = member_steps(cfg, k)
         end = (t["diagnostics_s"] if task == "leaf" else t["edits_s"]) * depth / deep
         costs.append((a + b * depth) * sum(stages) + (ea + eb * depth) * (cfg.train.evals + 1) * len(stages) + end)
-    finish = [0.0] * min(workers, len(costs))
+        key = (seed, task, family)
+        units[key] = units.get(key, t["held_out_s"]) + costs[-1]
+    finish = [0.0] * min(workers, len(units))
     heapq.heapify(finish)
-    for cost in sorted(costs, reverse=True):
-        heapq.heappush(finish, heapq.heappop(finish) + cost)
-    head = t["held_out_s"] + t["grammar_unit_s"]
+    for cell in cfg.cells():
+        heapq.heappush(finish, heapq.heappop(finish) + units[(cell["seed"], cell["task"], cell["family"])])
+    head = t["grammar_unit_s"]
     return {"wall_s": head + max(finish), "member_s": sum(costs), "head_s": head,
             "longest_member_steps": sum(member_steps(cfg, cfg.certificate.max_continuations))}
 
@@ -135,7 +140,7 @@ def main() -> dict:
     if args.quick:
         args.profile, args.steps = "smoke", 20
     from depthlib.compose import chapter
-    cfg = chapter.PROFILES[args.profile].hierarchy.validate()
+    cfg = chapter.PROFILES[args.profile].hierarchy_lm.validate()
     t = measure(args.profile, args.steps)
     every = project(cfg, t, workers=args.workers)
     early = project(cfg, t, workers=args.workers, root_stop_depth=4)

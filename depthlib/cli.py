@@ -824,7 +824,7 @@ def _add_compose(p) -> None:
 def _compose_settings(args) -> tuple[Any, tuple[str, ...] | None]:
     """(settings, parts) of ``depthlib compose``: ``--families``, ``--depths`` and ``--seeds`` are fields of
     ``--part``'s settings (default rhm), read by the one parser of ``--set``."""
-    from depthlib.compose.model import FAMILIES
+    from depthlib.compose.network import FAMILIES
     given = {k: getattr(args, k) for k in ("families", "depths", "seeds") if getattr(args, k) is not None}
     if not given:
         return resolve_settings(args, _chapter("compose"))

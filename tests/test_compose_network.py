@@ -1,5 +1,5 @@
 """Chapter 7's members on chapter 6's model (compose.network) and the hierarchy control computed unit by unit on it
-(compose.hierarchy_units): the interface the training, edits and diagnostics call, the parameters tying shares, the
+(compose.hierarchy): the interface the training, edits and diagnostics call, the parameters tying shares, the
 residual stream before the final norm, resume bit for bit through the units runner, replay, one-line errors."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from depthlib import units
-from depthlib.compose import certify, hierarchy_units, network, rhm
+from depthlib.compose import certify, hierarchy, network, rhm
 from depthlib.compose.train import GrammarTrainConfig
 from depthlib.errors import InputError
 
@@ -41,8 +41,7 @@ def test_a_member_is_chapter_6s_model_with_the_familys_schedule():
 
 
 def rhm_schedule(family, depth):
-    from depthlib.compose.model import schedule
-    return schedule(family, depth)[1]
+    return network.schedule(family, depth)[1]
 
 
 @pytest.mark.parametrize("family, depth", [("untied", 4), ("looped", 5), ("tied", 3)])
@@ -97,7 +96,7 @@ def test_the_member_is_causal_and_seeded():
 
 
 # ---- the hierarchy control, unit by unit -------------------------------------------------------------------
-TINY = hierarchy_units.HierarchyLMConfig(
+TINY = hierarchy.HierarchyConfig(
     "smoke", grammar=rhm.RHMConfig(4, 2, 2, 3), families=("untied", "tied"), depths=(1, 2), seeds=(0, 1),
     model=network.GrammarModelConfig(d_model=8, n_heads=2),
     train=GrammarTrainConfig(steps=10, batch_size=8, evals=5, n_held_out=32),
@@ -114,21 +113,21 @@ def test_units_resume_bit_for_bit_merge_and_replay(cache, monkeypatch):
     from depthlib.executors import ExecutorConfig
     serial = ExecutorConfig("serial", threads=1)       # the replay trains on one thread, as the units
     whole = chapter.compute(TINY, executor=serial)
-    assert whole.experiment == hierarchy_units.EXPERIMENT and whole.complete and not whole.stale
+    assert whole.experiment == hierarchy.EXPERIMENT and whole.complete and not whole.stale
     reference = _tables(whole)
     assert len(reference["members"]) == 2 * 2 * 2 * 2 and len(whole.manifest["units"]) == len(TINY.cells()) == 8
     assert {"ngram", "root_members", "root_bayes", "fit_exponents", "fit_rounds", "stages"} <= set(reference)
     assert whole.manifest["held_out_overlap"] == 0 and whole.manifest["summary"]["n_members"] == 16
     rep = chapter.replay(whole)
     assert len(rep) and np.array_equal(rep["committed"], rep["replayed"])
-    unit = next(iter((cache / "results" / hierarchy_units.UNITS).glob("*/manifest.json"))).parent
+    unit = next(iter((cache / "results" / hierarchy.UNITS).glob("*/manifest.json"))).parent
     from depthlib import results
     rep = chapter.replay(results.Run.load(unit))
     assert len(rep) and np.array_equal(rep["committed"], rep["replayed"])
 
     # the same run again in another cache, interrupted after three members, then resumed: no member trains twice
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(cache / "again"))
-    real, trained = hierarchy_units.train_member, []
+    real, trained = hierarchy.train_member, []
 
     def stop_after_three(*args, **kwargs):
         if len(trained) == 3:
@@ -136,10 +135,10 @@ def test_units_resume_bit_for_bit_merge_and_replay(cache, monkeypatch):
         trained.append(args[3:])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(hierarchy_units, "train_member", stop_after_three)
+    monkeypatch.setattr(hierarchy, "train_member", stop_after_three)
     with pytest.raises(KeyboardInterrupt):
         chapter.compute(TINY, executor=serial)
-    monkeypatch.setattr(hierarchy_units, "train_member", lambda *a, **k: trained.append(a[3:]) or real(*a, **k))
+    monkeypatch.setattr(hierarchy, "train_member", lambda *a, **k: trained.append(a[3:]) or real(*a, **k))
     again = chapter.compute(TINY, executor=serial)
     assert len(trained) == 16 and len(set(trained)) == 16
     resumed = _tables(again)
@@ -151,13 +150,13 @@ def test_the_part_is_the_hierarchy_control_on_chapter_6s_model():
     from depthlib.compose import chapter
     for name, p in chapter.PROFILES.items():
         lm, own = p.hierarchy_lm.validate(), p.hierarchy
-        assert lm.profile == name and hierarchy_units.HierarchyLMConfig.from_dict(lm.to_dict()) == lm
+        assert lm.profile == name and hierarchy.HierarchyConfig.from_dict(lm.to_dict()) == lm
         same = {f.name for f in dataclasses.fields(own)} - {"model"}
         assert all(getattr(lm, f) == getattr(own, f) for f in same)
         assert (lm.model.d_model, lm.model.n_heads, lm.model.mlp_ratio, lm.model.arch) == \
             (own.model.d_model, own.model.n_heads, own.model.mlp_ratio, "neox")
         assert len(lm.cells()) == len(own.seeds) * len(own.tasks) * len(own.families)
     assert "hierarchy_lm" in chapter.PARTS and "hierarchy_lm" not in chapter.SHOWN_PARTS
-    assert units.merged_by_units()[hierarchy_units.UNITS] == hierarchy_units.EXPERIMENT
+    assert units.merged_by_units()[hierarchy.UNITS] == hierarchy.EXPERIMENT
     assert chapter.HIERARCHY_LM_PROTOCOL.label({"seed": 2, "task": "leaf", "family": "tied"}) == \
         "hierarchy-2-leaf-tied"

@@ -1,8 +1,9 @@
 """Training one member of chapter 7's hierarchy control to a **certified** loss, on either task.
 
-**Tasks** (:data:`TASKS`), one chapter-7 transformer per member (:mod:`depthlib.compose.model`, unchanged):
+**Tasks** (:data:`TASKS`), one grammar member each (:mod:`depthlib.compose.network`, chapter 6's model; any network
+with its interface, as chapter 7's own transformer of :mod:`depthlib.compose.model`):
 
-* ``leaf``: next-leaf prediction, the loss of :func:`depthlib.compose.model.token_nll`; its *excess* is the held-out
+* ``leaf``: next-leaf prediction, the loss of :func:`depthlib.compose.network.token_nll`; its *excess* is the held-out
   loss minus the exact Bayes loss (:func:`depthlib.compose.rhm.bayes_nll`);
 * ``root``: root classification, the random hierarchy model's own task (Cagnetta et al., Phys. Rev. X 14, 031001,
   2024), read out at the last of T + 1 positions (:func:`depthlib.compose.roots.root_logits`); the Bayes
@@ -52,7 +53,7 @@ import torch
 
 from depthlib.certificate import GAIN_BELOW
 from depthlib.compose import rhm
-from depthlib.compose.model import ComposeModel, token_nll
+from depthlib.compose.network import GrammarNet, token_nll
 from depthlib.compose.roots import evaluate_root, root_nll
 from depthlib.compose.train import TRAIN_STREAM, GrammarTrainConfig, evaluate
 from depthlib.errors import InputError
@@ -132,14 +133,14 @@ def certified_value(task: str, m: dict) -> float:
     return float(m["excess"]) if task == "leaf" else 1.0 - float(m["accuracy"])
 
 
-def batch_loss(task: str, model: ComposeModel, leaves: torch.Tensor, roots: torch.Tensor) -> torch.Tensor:
+def batch_loss(task: str, model: GrammarNet, leaves: torch.Tensor, roots: torch.Tensor) -> torch.Tensor:
     """The training loss of one batch (a scalar)."""
     if task == "leaf":
         return token_nll(model, leaves).mean()
     return root_nll(model, leaves, roots).mean()
 
 
-def measure(task: str, model: ComposeModel, held: HeldOut) -> dict:
+def measure(task: str, model: GrammarNet, held: HeldOut) -> dict:
     """Held-out ``val_loss`` (nats per leaf, or per sequence for the root), ``excess`` over the Bayes loss (the
     certified quantity) and ``accuracy`` (root; NaN for the leaf task), with the per-sequence losses ``per_seq``."""
     device = next(model.parameters()).device
@@ -152,7 +153,7 @@ def measure(task: str, model: ComposeModel, held: HeldOut) -> dict:
             "per_seq": nll}
 
 
-def _evaluate_on(model: ComposeModel, held: HeldOut) -> np.ndarray:
+def _evaluate_on(model: GrammarNet, held: HeldOut) -> np.ndarray:
     """:func:`depthlib.compose.train.evaluate` on a model that lives on an accelerator (it returns CPU numbers)."""
     device = next(model.parameters()).device
     was = model.training
@@ -164,7 +165,7 @@ def _evaluate_on(model: ComposeModel, held: HeldOut) -> np.ndarray:
     return out.numpy()
 
 
-def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, start: int, held: HeldOut,
+def train_stage(task: str, model: GrammarNet, grammar: rhm.Grammar, cfg: GrammarTrainConfig, start: int, held: HeldOut,
                 *, on_step=None, stop_at: int | None = None) -> tuple[pd.DataFrame, dict]:
     """One fresh schedule of ``cfg`` from the model's current weights, on the training samples ``start …
     start + steps·batch − 1``. Returns the curve (step, lr, train_loss, val_loss, excess, accuracy) and the final
@@ -194,7 +195,7 @@ def train_stage(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Gramm
     return pd.DataFrame(rows), {**m, "seconds": time.perf_counter() - t0}
 
 
-def certify_member(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, cert: Certificate,
+def certify_member(task: str, model: GrammarNet, grammar: rhm.Grammar, cfg: GrammarTrainConfig, cert: Certificate,
                    base: int, held: HeldOut, *, on_step=None) -> dict:
     """Train ``model`` (main stage on samples ``base …``), then continue it until a continuation lowers the certified
     quantity (:func:`certified_value`) by less than the certificate allows (each continuation on the next fresh samples
@@ -208,7 +209,7 @@ def certify_member(task: str, model: ComposeModel, grammar: rhm.Grammar, cfg: Gr
     start = base
     floor = cert.floor(task, len(held.leaves)) if held is not None else cert.resolution
 
-    def run(name: str, net: ComposeModel, schedule: GrammarTrainConfig, parent_steps: int) -> dict:
+    def run(name: str, net: GrammarNet, schedule: GrammarTrainConfig, parent_steps: int) -> dict:
         nonlocal start
         curve, final = train_stage(task, net, grammar, schedule, start, held, on_step=on_step)
         first = curve.iloc[0]

@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime, units
-from depthlib.compose import hierarchy, hierarchy_units, looped_certified, text_certified
+from depthlib.compose import hierarchy, hierarchy_own, looped_certified, text_certified
 from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
 from depthlib.compose.hierarchy import MEMBER_TABLES, HierarchyConfig
-from depthlib.compose.hierarchy_units import HierarchyLMConfig
+from depthlib.compose.hierarchy_own import OwnHierarchyConfig
 from depthlib.compose.looped_certified import LoopedCertifiedConfig
 from depthlib.compose.model import GrammarModelConfig
 from depthlib.compose.network import GrammarModelConfig as LMGrammarModelConfig
@@ -41,15 +41,15 @@ from depthlib.toy.converged import TEACHER_KINDS
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: the compose package, the angle measures and the trajectory clusters).
 COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
-           hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:run_hierarchy",
+           hierarchy_own.EXPERIMENT: "depthlib.compose.hierarchy_own:run_hierarchy",
            text_certified.EXPERIMENT: "depthlib.compose.text_certified:run_text_certified",
            looped_certified.EXPERIMENT: "depthlib.compose.looped_certified:train_unit",
            looped_certified.UNITS: "depthlib.compose.looped_certified:train_unit",
-           hierarchy_units.EXPERIMENT: "depthlib.compose.hierarchy_units:train_unit",
-           hierarchy_units.UNITS: "depthlib.compose.hierarchy_units:train_unit"}
-HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
-#: the hierarchy control on chapter 6's model (:mod:`depthlib.compose.hierarchy_units`), computed unit by unit
-HIERARCHY_LM_EXPERIMENT = hierarchy_units.EXPERIMENT
+           hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:train_unit",
+           hierarchy.UNITS: "depthlib.compose.hierarchy:train_unit"}
+HIERARCHY_EXPERIMENT = hierarchy_own.EXPERIMENT
+#: the hierarchy control on chapter 6's model (:mod:`depthlib.compose.hierarchy`), computed unit by unit
+HIERARCHY_LM_EXPERIMENT = hierarchy.EXPERIMENT
 TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
 TOY_CERTIFIED_EXPERIMENT = looped_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
@@ -67,10 +67,10 @@ LOOPED_PROTOCOL = units.UnitProtocol("looped", looped_certified.EXPERIMENT, loop
                                      ("stages", "curves", "certified", "signatures", "lags"),
                                      "depthlib.compose.chapter:merge_looped_certified")
 #: The hierarchy control on chapter 6's model: a run made of units, one per replicate, task and family
-HIERARCHY_LM_PROTOCOL = units.UnitProtocol("hierarchy", hierarchy_units.EXPERIMENT, hierarchy_units.UNITS,
-                                           COMPUTE[hierarchy_units.UNITS],
-                                           "depthlib.compose.hierarchy_units:HierarchyLMConfig", MEMBER_TABLES,
-                                           "depthlib.compose.hierarchy_units:merge", stage_format="tables")
+HIERARCHY_LM_PROTOCOL = units.UnitProtocol("hierarchy", hierarchy.EXPERIMENT, hierarchy.UNITS,
+                                           COMPUTE[hierarchy.UNITS],
+                                           "depthlib.compose.hierarchy:HierarchyConfig", MEMBER_TABLES,
+                                           "depthlib.compose.hierarchy:merge", stage_format="tables")
 
 __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "LOOPED_PROTOCOL", "PARTS", "PART_FIELDS", "PROFILES",
            "SHOWN_PARTS", "TEXT_CERTIFIED_EXPERIMENT", "TOY_CERTIFIED_EXPERIMENT", "ComposeProfile", "compute", "describe",
@@ -80,12 +80,12 @@ __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "LOOPED_PROTOCOL", "
            "summary_toy_certified"]
 
 
-def on_lm_model(cfg: HierarchyConfig) -> HierarchyLMConfig:
+def on_lm_model(cfg: OwnHierarchyConfig) -> HierarchyConfig:
     """The hierarchy control's settings ``cfg`` with every member on chapter 6's model of the same width, heads and
-    MLP ratio (:mod:`depthlib.compose.hierarchy_units`)."""
+    MLP ratio (:mod:`depthlib.compose.hierarchy`)."""
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     m = cfg.model
-    return HierarchyLMConfig(**{**fields, "model": LMGrammarModelConfig(m.d_model, m.n_heads, m.mlp_ratio)})
+    return HierarchyConfig(**{**fields, "model": LMGrammarModelConfig(m.d_model, m.n_heads, m.mlp_ratio)})
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,10 @@ class ComposeProfile(Profile):
 
     name: str
     run: ComposeConfig
-    hierarchy: HierarchyConfig
+    hierarchy: OwnHierarchyConfig
     text_certified: TextCertifiedConfig
     toy_certified: LoopedCertifiedConfig
-    hierarchy_lm: HierarchyLMConfig | None = None     # default: ``hierarchy``'s settings on chapter 6's model
+    hierarchy_lm: HierarchyConfig | None = None     # default: ``hierarchy``'s settings on chapter 6's model
 
     def __post_init__(self):
         if self.hierarchy_lm is None:
@@ -167,7 +167,7 @@ PROFILES: dict[str, ComposeProfile] = {
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
         model=GrammarModelConfig(d_model=16, n_heads=2),
         train=GrammarTrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2),
-        HierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
+        OwnHierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
                         model=GrammarModelConfig(d_model=16, n_heads=2),
                         train=GrammarTrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
                         certificate=Certificate(max_continuations=1), n_probe=32, n_permutations=2, n_bootstrap=50),
@@ -177,7 +177,7 @@ PROFILES: dict[str, ComposeProfile] = {
             "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(2, 4, 8), steps=40, batch=32, pool_batches=40,
             evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16))),
     "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
-                          HierarchyConfig("cpu", certificate=Certificate(max_continuations=3)),
+                          OwnHierarchyConfig("cpu", certificate=Certificate(max_continuations=3)),
                           TextCertifiedConfig("cpu", series=lm_chapter.PROFILES["cpu"].converged,
                                               depths=(1, 2, 3, 4, 6, 8, 12)),
                           LoopedCertifiedConfig("cpu")),
@@ -186,7 +186,7 @@ PROFILES: dict[str, ComposeProfile] = {
         seeds=(0, 1, 2, 3, 4), model=GrammarModelConfig(d_model=128, n_heads=4),
         train=GrammarTrainConfig(steps=20_000, batch_size=256, lr=1e-3, n_held_out=8192), n_probe=2048,
         n_permutations=8),
-        HierarchyConfig("paper", grammar=RHMConfig(v=8, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
+        OwnHierarchyConfig("paper", grammar=RHMConfig(v=8, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
                         seeds=(0, 1, 2, 3, 4),
                         model=GrammarModelConfig(d_model=128, n_heads=4),
                         train=GrammarTrainConfig(steps=20_000, batch_size=256, lr=1e-3, evals=20, n_held_out=8192),
@@ -207,24 +207,26 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
 def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedCertifiedConfig, device: str = "cpu", *,
             force: bool = False, progress: bool = True, executor=None) -> results.Run:
     """Train (or resume, or load) a run of ``cfg``, as chapters 3 and 6 do (its lifecycle is
-    :func:`depthlib.compose.experiment.run_compose`'s, for the hierarchy part :func:`depthlib.compose.hierarchy.run_hierarchy`'s
-    and for the certified text part :func:`depthlib.compose.text_certified.run_text_certified`'s; the certified toy
-    part's units are the units runner's, :func:`depthlib.units.train_units`, one process per core). The hierarchy and
+    :func:`depthlib.compose.experiment.run_compose`'s, for the first hierarchy run
+    :func:`depthlib.compose.hierarchy_own.run_hierarchy`'s and for the certified text part
+    :func:`depthlib.compose.text_certified.run_text_certified`'s; the units of the certified toy part and of the
+    hierarchy control on chapter 6's model are the units runner's, :func:`depthlib.units.train_units`, one process per
+    core). The hierarchy and
     text parts train their members on local processes: one per core without an ``executor``, one at a time in this
     process with ``ExecutorConfig("serial")``, the joblib executor's ``jobs`` at a time with it.
     ``device``: the hierarchy part's members may train on an accelerator; the other parts train on the CPU."""
     jobs = _jobs(executor)
     runtime.configure_process(1)
-    if isinstance(cfg, HierarchyLMConfig):
+    if isinstance(cfg, OwnHierarchyConfig):
+        return hierarchy_own.run_hierarchy(cfg, jobs=jobs or hierarchy_own.default_jobs(), device=device, force=force,
+                                       progress=progress)
+    if isinstance(cfg, HierarchyConfig):
         if force:
             raise InputError("--force does not apply to the hierarchy control on chapter 6's model (its units resume; "
                              "--rerun recomputes what the local cache lacks)")
         started = time.time()
         done = units.train_units(HIERARCHY_LM_PROTOCOL, cfg, cfg.cells(), device, executor=executor)
         return units.merge_units(HIERARCHY_LM_PROTOCOL, cfg, done, started)
-    if isinstance(cfg, HierarchyConfig):
-        return hierarchy.run_hierarchy(cfg, jobs=jobs or hierarchy.default_jobs(), device=device, force=force,
-                                       progress=progress)
     if isinstance(cfg, TextCertifiedConfig):
         return text_certified.run_text_certified(cfg, device, jobs=jobs or os.cpu_count() or 1, force=force,
                                                  progress=progress)
@@ -367,7 +369,7 @@ def replay(run: results.Run) -> pd.DataFrame:
     import torch
     if run.experiment in (looped_certified.EXPERIMENT, looped_certified.UNITS):
         return replay_toy_certified(run)
-    if run.experiment in (HIERARCHY_EXPERIMENT, hierarchy_units.EXPERIMENT, hierarchy_units.UNITS):
+    if run.experiment in (HIERARCHY_EXPERIMENT, hierarchy.EXPERIMENT, hierarchy.UNITS):
         return replay_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
         return replay_text_certified(run)
@@ -398,16 +400,16 @@ def replay_hierarchy(run: results.Run) -> pd.DataFrame:
     on_lm = run.experiment != HIERARCHY_EXPERIMENT
     config = dict(run.config)
     cell = config.pop("cell", None)
-    cfg = (HierarchyLMConfig if on_lm else HierarchyConfig).from_dict(config)
+    cfg = (HierarchyConfig if on_lm else OwnHierarchyConfig).from_dict(config)
     first = cfg.train.eval_steps()[1]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         if on_lm:
             cell = cell or cfg.cells()[0]
-            curve = hierarchy_units.first_curve(cfg, cell, first)
+            curve = hierarchy.first_curve(cfg, cell, first)
         else:
-            curve = hierarchy.first_curve(cfg, first)
+            curve = hierarchy_own.first_curve(cfg, first)
     finally:
         torch.set_num_threads(threads)
     seed, task, family, depth = (int(curve[k].iloc[0]) if k in ("seed", "depth") else curve[k].iloc[0]

@@ -1,7 +1,7 @@
 """The paper's hidden-state diagnostics and chapter 5's edits, on one trained member of a compose family.
 
 On the probe set (its own stream of fresh sequences, every token of every sequence) the residual stream h_0 … h_ℓ of
-:meth:`depthlib.compose.model.ComposeModel.forward` gives, as chapter 2 computes them on LLMs (paper §2.7, Fig. 2):
+:meth:`depthlib.compose.network.GrammarNet.forward` gives, as chapter 2 computes them on LLMs (paper §2.7, Fig. 2):
 
 * θ(h_l, h_{l+1}) per block and token (:func:`depthlib.measures.angle_between`, fp32), its middle-block mean
   (:func:`depthlib.measures.middle_blocks`);
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from depthlib.compose.model import ComposeModel
+from depthlib.compose.network import GrammarNet
 from depthlib.measures import angle_between, middle_blocks, middle_update_pairs
 from depthlib.probes.trajectory import analyze_trajectories
 
@@ -37,13 +37,13 @@ from depthlib.probes.trajectory import analyze_trajectories
 CLUSTER_MIN_DEPTH = 4
 
 
-def _loss(model: ComposeModel, leaves: torch.Tensor, order: list[int]) -> float:
+def _loss(model: GrammarNet, leaves: torch.Tensor, order: list[int]) -> float:
     from depthlib.compose.train import evaluate
     return float(evaluate(model, leaves, order=order).mean())
 
 
 @torch.no_grad()
-def diagnose(model: ComposeModel, leaves: torch.Tensor, bayes: float, *, n_permutations: int = 4,
+def diagnose(model: GrammarNet, leaves: torch.Tensor, bayes: float, *, n_permutations: int = 4,
              seed: int = 0) -> dict[str, pd.DataFrame | dict]:
     """The diagnostics of one member on ``leaves`` (the probe set; ``bayes`` its mean Bayes loss): tables
     ``layers`` (metric, layer, mean, std), ``lags`` (k, cos), ``clusters``, ``edits`` (edit, position, loss, delta)

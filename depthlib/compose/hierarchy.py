@@ -39,13 +39,21 @@ sample count.
 **Tasks** (:mod:`depthlib.compose.certify`): next-leaf prediction (excess over the exact Bayes loss, certified) and
 root classification (:mod:`depthlib.compose.roots`: the error 1 − accuracy, certified, and the cross-entropy, whose
 Bayes value is 0, recorded beside it; why the error: :mod:`depthlib.compose.certify`); **families**
-untied, looped and fully tied (:mod:`depthlib.compose.model`) at effective depths below and above L; **replicates**
+untied, looped and fully tied (:func:`depthlib.compose.network.schedule`) at effective depths below and above L; **replicates**
 differ in initialisation and training samples (replicate r draws the training-stream indices r·span … (r + 1)·span − 1,
 its main stage first, then its continuations; every member of a replicate sees the same sequences). Every member is
 certified by the book's continuation rule (:data:`depthlib.certificate.GAIN_BELOW`), or reported not certified with
-every continuation's gain. A member is a unit of work
-whose tables are written to ``units/`` as soon as it is done (``jobs`` worker processes, one torch thread each), so an
-interrupted run resumes at the next member; the grammar's own tables are one more unit. When every unit is done:
+every continuation's gain.
+
+**Members** are chapter 6's model (:mod:`depthlib.compose.network`: GPT-NeoX's parallel block, rotary positions,
+Pythia's initialisation; ``model.arch`` in the settings), the book's one transformer stack. The first run of this
+control trained chapter 7's own transformer instead (:mod:`depthlib.compose.hierarchy_own`).
+
+**The run is made of units** (:mod:`depthlib.units`, the book's units runner): a unit is one replicate's members of
+one task and family (:meth:`HierarchyConfig.cells`, the longest first), trained in its own resumable run — every
+finished member's tables are one file in the unit's folder — and committed on its own, so that the run can be
+computed over several sittings. The merge (:func:`merge`) adds the grammar's tables, the fits and the exact held-out
+check. The merged run's tables:
 
 =================  ==================================================================================================
 table              rows
@@ -77,32 +85,29 @@ some member may train on their sequence), ``replicates``, ``n_sequences`` and ``
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-from depthlib import results
 from depthlib.compose import fits, ngram, rhm, unseen
 from depthlib.compose.certify import TASKS, Certificate, HeldOut, certify_member, train_stage
 from depthlib.compose.diagnostics import diagnose
-from depthlib.compose.model import FAMILIES, MIN_DEPTH, GrammarModelConfig, build_model, parameter_counts
+from depthlib.compose.network import FAMILIES, MIN_DEPTH, GrammarModelConfig, build_model, parameter_counts
 from depthlib.compose.roots import root_bayes_table, root_edits
 from depthlib.compose.train import HELD_OUT_STREAM, PROBE_STREAM, TRAIN_STREAM, GrammarTrainConfig
 from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.validate import distinct, int_in_range
 
-EXPERIMENT = "compose-hierarchy"
-UNITS = "units"
-GRAMMAR_UNIT = "grammar"
-GRAMMAR_TABLES = ("ngram", "root_bayes", "grammar")
-#: a member's tables, ``members`` last (a member counts as finished once it exists)
+EXPERIMENT = "compose-hierarchy-lm"
+UNITS = "compose-hierarchy-lm-units"
+#: a member's tables, ``members`` last
 MEMBER_TABLES = ("stages", "curves", "layers", "lags", "clusters", "edits", "members")
+#: the order in which a unit's cells run: the longest first (measured on chapter 7's own network: a replicate's
+#: next-leaf looped and tied members take about twice its untied ones, and the root members half as long)
+_LONGEST_FIRST = {("leaf", "tied"): 0, ("leaf", "looped"): 1, ("leaf", "untied"): 2, ("root", "looped"): 3,
+                  ("root", "tied"): 4, ("root", "untied"): 5}
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,7 @@ class HierarchyConfig(Profile):
     families: tuple = FAMILIES
     depths: tuple = (1, 2, 3, 4, 6, 8)
     seeds: tuple = (0, 1, 2)
-    model: GrammarModelConfig = field(default_factory=GrammarModelConfig)
+    model: GrammarModelConfig = field(default_factory=GrammarModelConfig)     # chapter 6's model
     train: GrammarTrainConfig = field(default_factory=lambda: GrammarTrainConfig(steps=1000, batch_size=64, evals=10,
                                                                    n_held_out=2048))
     certificate: Certificate = field(default_factory=Certificate)
@@ -168,9 +173,17 @@ class HierarchyConfig(Profile):
         return [(int(s), t, f, d) for s in self.seeds for t in self.tasks for f in self.families
                 for d in self.family_depths(f)]
 
+    @property
+    def seed(self) -> int:
+        """The first replicate (the units runner records it)."""
+        return int(self.seeds[0])
 
-def unit_name(seed: int, task: str, family: str, depth: int) -> str:
-    return f"s{seed}_{task}_{family}_d{depth:03d}"
+    def cells(self) -> list[dict]:
+        """One unit per (replicate, task, family), the longest first."""
+        cells = [{"seed": int(s), "task": t, "family": f} for s in self.seeds for t in self.tasks
+                 for f in self.families if self.family_depths(f)]
+        return sorted(cells, key=lambda c: (_LONGEST_FIRST[(c["task"], c["family"])], c["seed"]))
+
 
 
 def member_seed(seed: int, task: str, family: str, depth: int) -> int:
@@ -178,9 +191,10 @@ def member_seed(seed: int, task: str, family: str, depth: int) -> int:
     return int(seed) * 1_000_003 + TASKS.index(task) * 100_003 + FAMILIES.index(family) * 10_007 + int(depth)
 
 
+
 def build_member(cfg: HierarchyConfig, seed: int, task: str, family: str, depth: int):
-    """A member's transformer, initialised: a root classifier reads one position more (the last, which sees every
-    leaf: :func:`depthlib.compose.roots.root_logits`)."""
+    """A member's network, initialised: a root classifier reads one position more (the last, which sees every leaf:
+    :func:`depthlib.compose.roots.root_logits`)."""
     g = cfg.grammar
     return build_model(cfg.model, family, depth, g.v, g.length + (task == "root"), member_seed(seed, task, family, depth))
 
@@ -200,7 +214,65 @@ def held_out_sets(cfg: HierarchyConfig) -> tuple[HeldOut, HeldOut]:
             HeldOut.draw(grammar, cfg.n_probe, PROBE_STREAM))
 
 
-# ---- the units ----------------------------------------------------------------------------------------------
+
+# ---- a unit: one replicate's members of one task and family --------------------------------------------------
+def train_member(cfg: HierarchyConfig, held, probe, seed: int, task: str, family: str, depth: int, *,
+                 device: str = "cpu") -> dict[str, pd.DataFrame]:
+    """Train, certify and diagnose one member (as :func:`depthlib.compose.hierarchy.train_member`); its tables."""
+    grammar = rhm.make_grammar(cfg.grammar)
+    model = build_member(cfg, seed, task, family, depth).to(device)
+    rec = certify_member(task, model, grammar, cfg.train, cfg.certificate, cfg.base(seed), held)
+    model = rec["model"].cpu()
+    key = {"task": task, "family": family, "depth": depth, "seed": seed}
+    stages, final = rec["stages"], rec["final"]
+    member = {**key, **parameter_counts(model), "val_loss": final["val_loss"],
+              "bayes": float(held.bayes.mean()) if task == "leaf" else 0.0, "excess": final["excess"],
+              "accuracy": final["accuracy"], "error": 1.0 - final["accuracy"] if task == "root" else np.nan,
+              "certified_quantity": "excess" if task == "leaf" else "error", "certified": rec["certified"],
+              "continuations": len(rec["gains"]), "last_gain": rec["gains"][-1] if rec["gains"] else np.nan,
+              "gains": ", ".join(f"{x:+.4f}" for x in rec["gains"]),
+              "best_stage": rec["best_stage"], "steps": rec["steps"],
+              "samples": int((stages["sample_stop"] - stages["sample_start"]).sum()),
+              "seconds": float(stages["seconds"].sum())}
+    empty = pd.DataFrame(columns=list(key))
+    if task == "leaf":
+        diag = diagnose(model, probe.leaves, float(probe.bayes.mean()), n_permutations=cfg.n_permutations, seed=seed)
+        member.update(diag["summary"])
+        extra = {name: diag[name] for name in ("layers", "lags", "clusters", "edits")}
+    else:
+        extra = {"layers": empty, "lags": empty, "clusters": empty,
+                 "edits": root_edits(model, probe.leaves, probe.roots)}
+    return {"members": pd.DataFrame([member]), "stages": stages.assign(**key), "curves": rec["curves"].assign(**key),
+            **{name: (t.assign(**key) if len(t) else empty) for name, t in extra.items()}}
+
+
+def train_unit(cfg: HierarchyConfig, cell: dict, load, save, say, device: str = "cpu") -> tuple[pd.DataFrame, ...]:
+    """Every member of one unit (a replicate's members of one task and family), deepest first, each saved as it
+    finishes (``load``/``save``: the units runner's, :mod:`depthlib.units`); its tables in :data:`MEMBER_TABLES`
+    order."""
+    held, probe = held_out_sets(cfg)
+    done = {}
+    for depth in sorted(cfg.family_depths(cell["family"]), reverse=True):
+        tables = load("member", depth)
+        if tables is None:
+            say(f"depth {depth}")
+            tables = train_member(cfg, held, probe, cell["seed"], cell["task"], cell["family"], depth, device=device)
+            save("member", depth, tables)
+        done[depth] = tables
+    return tuple(concat_tables([done[d][name] for d in sorted(done)]) for name in MEMBER_TABLES)
+
+
+def first_curve(cfg: HierarchyConfig, cell: dict, stop_at: int) -> pd.DataFrame:
+    """The main stage of a unit's shallowest member up to the evaluation at ``stop_at`` (a replay)."""
+    seed, task, family = cell["seed"], cell["task"], cell["family"]
+    depth = min(cfg.family_depths(family))
+    held, _ = held_out_sets(cfg)
+    curve, _ = train_stage(task, build_member(cfg, seed, task, family, depth), rhm.make_grammar(cfg.grammar),
+                           cfg.train, cfg.base(seed), held, stop_at=stop_at)
+    return curve.assign(task=task, family=family, depth=depth, seed=seed, stage="main")
+
+
+# ---- the run: the units merged -------------------------------------------------------------------------------
 def grammar_tables(cfg: HierarchyConfig, held: HeldOut) -> dict[str, pd.DataFrame]:
     """The grammar's own tables: the n-gram baselines fitted on a replicate's whole span (the most sequences any member
     sees: first replicate's), the Bayes root classifier by observed prefix, and the grammar's numbers."""
@@ -218,59 +290,7 @@ def grammar_tables(cfg: HierarchyConfig, held: HeldOut) -> dict[str, pd.DataFram
             "grammar": pd.DataFrame([row])}
 
 
-def train_member(cfg: HierarchyConfig, held: HeldOut, probe: HeldOut, seed: int, task: str, family: str, depth: int,
-                 *, device: str = "cpu", on_step=None) -> dict[str, pd.DataFrame]:
-    """Train, certify and diagnose one member; its unit tables."""
-    grammar = rhm.make_grammar(cfg.grammar)
-    model = build_member(cfg, seed, task, family, depth).to(device)
-    rec = certify_member(task, model, grammar, cfg.train, cfg.certificate, cfg.base(seed), held, on_step=on_step)
-    model = rec["model"].cpu()
-    key = {"task": task, "family": family, "depth": depth, "seed": seed}
-    stages, final = rec["stages"], rec["final"]
-    member = {**key, **parameter_counts(model), "val_loss": final["val_loss"],
-              "bayes": float(held.bayes.mean()) if task == "leaf" else 0.0, "excess": final["excess"],
-              "accuracy": final["accuracy"], "error": 1.0 - final["accuracy"] if task == "root" else np.nan,
-              "certified_quantity": "excess" if task == "leaf" else "error", "certified": rec["certified"],
-              "continuations": len(rec["gains"]), "last_gain": rec["gains"][-1] if rec["gains"] else np.nan,
-              "gains": ", ".join(f"{x:+.4f}" for x in rec["gains"]),
-              "best_stage": rec["best_stage"], "steps": rec["steps"],
-              "samples": int((stages["sample_stop"] - stages["sample_start"]).sum()),
-              "seconds": float(stages["seconds"].sum())}
-    empty = pd.DataFrame()
-    if task == "leaf":
-        diag = diagnose(model, probe.leaves, float(probe.bayes.mean()), n_permutations=cfg.n_permutations, seed=seed)
-        member.update(diag["summary"])
-        extra = {name: diag[name] for name in ("layers", "lags", "clusters", "edits")}
-    else:
-        extra = {"layers": empty, "lags": empty, "clusters": empty,
-                 "edits": root_edits(model, probe.leaves, probe.roots)}
-    return {"members": pd.DataFrame([member]), "stages": stages.assign(**key), "curves": rec["curves"].assign(**key),
-            **{name: (t.assign(**key) if len(t) else pd.DataFrame(columns=list(key))) for name, t in extra.items()}}
 
-
-def _member_unit(cfg_dict: dict, held: HeldOut, probe: HeldOut, unit: tuple, store_path: str, device: str) -> str:
-    """One member in a worker process (one torch thread): trained, its tables written to the store."""
-    torch.set_num_threads(1)
-    cfg = HierarchyConfig.from_dict(cfg_dict)
-    store = results.Run(EXPERIMENT, cfg_dict, Path(store_path))
-    tables = train_member(cfg, held, probe, *unit, device=device)
-    name = unit_name(*unit)
-    for table in MEMBER_TABLES:                                 # members last: a member counts once it exists
-        store.write_table(f"{name}_{table}", tables[table])
-    return name
-
-
-def first_curve(cfg: HierarchyConfig, stop_at: int) -> pd.DataFrame:
-    """The main stage of the run's first member up to the evaluation at ``stop_at`` (a replay)."""
-    seed, task, family, depth = cfg.units()[0]
-    held, _ = held_out_sets(cfg)
-    model = build_member(cfg, seed, task, family, depth)
-    curve, _ = train_stage(task, model, rhm.make_grammar(cfg.grammar), cfg.train, cfg.base(seed), held,
-                           stop_at=stop_at)
-    return curve.assign(task=task, family=family, depth=depth, seed=seed, stage="main")
-
-
-# ---- the run ------------------------------------------------------------------------------------------------
 def fit_tables(cfg: HierarchyConfig, members: pd.DataFrame, stages: pd.DataFrame | None = None
                ) -> dict[str, pd.DataFrame]:
     """The fits and their checks (:mod:`depthlib.compose.fits`); with ``stages``, the exponents and the slope change
@@ -285,91 +305,49 @@ def fit_tables(cfg: HierarchyConfig, members: pd.DataFrame, stages: pd.DataFrame
     return out
 
 
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+
+def merge(cfg: HierarchyConfig, t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The run from its units' tables: the members' tables, the grammar's, ``root_members``, the fits
+    (:func:`depthlib.compose.fit_tables`), and the manifest's checks (the exact held-out overlap, the
+    replaced draws, the sequences drawn, the summary), as :func:`depthlib.compose.hierarchy_own.run_hierarchy` recorded
+    them."""
+    held, _ = held_out_sets(cfg)
+    order = ["task", "family", "depth", "seed"]
+    merged = {name: (t[name].sort_values(order, kind="stable").reset_index(drop=True) if len(t[name]) else t[name])
+              for name in MEMBER_TABLES}
+    merged.update(grammar_tables(cfg, held))
+    members = merged["members"]
+    merged["root_members"] = members[members["task"] == "root"].assign(ce=lambda m: m["excess"])[
+        ["family", "depth", "seed", "n_params", "n_blocks", "accuracy", "error", "ce", "certified",
+         "continuations", "gains", "steps", "samples"]].reset_index(drop=True)
+    merged.update(fit_tables(cfg, members, merged["stages"]))
+    check = unseen.held_out_overlap(rhm.make_grammar(cfg.grammar), held.leaves.numpy(),
+                                    zip(merged["stages"]["sample_start"], merged["stages"]["sample_stop"]),
+                                    TRAIN_STREAM)
+    leaf, root = members[members["task"] == "leaf"], members[members["task"] == "root"]
+    checks = dict(held_out_overlap=check["found"], held_out_replaced=int(held.replaced),
+                  training_sequences=check["training_sequences"], replicates=len(cfg.seeds),
+                  n_sequences=str(unseen.n_sequences(cfg.grammar)),
+                  expected_overlap=unseen.expected_overlap(cfg.grammar, check["training_sequences"],
+                                                           cfg.train.n_held_out),
+                  ngram_samples=int(cfg.span),
+                  summary={"n_members": int(len(members)), "n_certified": int(members["certified"].sum()),
+                           "all_certified": bool(members["certified"].all()),
+                           "bayes_loss": float(held.bayes.mean()),
+                           "best_ngram_excess": float(merged["ngram"]["excess"].min()),
+                           "min_leaf_excess": float(leaf["excess"].min()) if len(leaf) else None,
+                           "max_root_accuracy": float(root["accuracy"].max()) if len(root) else None,
+                           "train_seconds": float(members["seconds"].sum())})
+    return merged, checks
+
+
+def concat_tables(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The non-empty ``frames`` one after another (an empty table if none)."""
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def run_hierarchy(cfg: HierarchyConfig, *, jobs: int = 1, device: str = "cpu", force: bool = False,
-                  progress: bool = True) -> results.Run:
-    """Compute (or resume, or load) the run of ``cfg`` in the local results cache: the grammar's tables, then the
-    members (``jobs`` at a time, deepest first so that the workers finish together), each saved as it finishes, then
-    the merged tables, the exact held-out check and the fits."""
-    from tqdm.auto import tqdm
 
-    cfg.validate()
-    int_in_range("jobs", jobs, 1, 256)
-    torch.set_num_threads(1)
-    with results.computing(EXPERIMENT, cfg.to_dict(), profile=cfg.profile, code=(f"{__name__}:run_hierarchy",),
-                           seed=int(cfg.seeds[0]), device=device, force=force,
-                           saves="every finished member's tables are in {folder}/units", unit_marker="members") as job:
-        if job.complete:
-            return job.run
-        run = job.run
-        store = results.Run(EXPERIMENT, run.config, run.path / UNITS)
-        store.path.mkdir(parents=True, exist_ok=True)
-        held, probe = held_out_sets(cfg)
-        if not store.has(f"{GRAMMAR_UNIT}_grammar"):
-            tables = grammar_tables(cfg, held)
-            for table in GRAMMAR_TABLES:                        # ``grammar`` last: the unit's marker
-                store.write_table(f"{GRAMMAR_UNIT}_{table}", tables[table])
-            job.save_progress()
-        todo = sorted((u for u in cfg.units() if not store.has(f"{unit_name(*u)}_members")),
-                      key=lambda u: (-u[3], u[0], u[1], u[2]))
-        bar = tqdm(total=len(todo), unit="member", desc=f"{EXPERIMENT} {cfg.profile}", disable=not progress,
-                   file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 30)
-        args = (cfg.to_dict(), held, probe)
-        if jobs == 1 or len(todo) <= 1:
-            for unit in todo:
-                bar.set_postfix_str(unit_name(*unit))
-                _member_unit(*args, unit, str(store.path), device)
-                job.save_progress()
-                bar.update()
-        else:
-            from joblib import Parallel, delayed
-            for name in Parallel(n_jobs=min(jobs, len(todo)), backend="loky", batch_size=1,
-                                 return_as="generator_unordered")(
-                    delayed(_member_unit)(*args, u, str(store.path), device) for u in todo):
-                bar.set_postfix_str(name)
-                job.save_progress()
-                bar.update()
-        bar.close()
-        merged = {t: _concat([store.table(f"{unit_name(*u)}_{t}") for u in cfg.units()]) for t in MEMBER_TABLES}
-        merged.update({t: store.table(f"{GRAMMAR_UNIT}_{t}") for t in GRAMMAR_TABLES})
-        members = merged["members"]
-        merged["root_members"] = members[members["task"] == "root"].assign(ce=lambda m: m["excess"])[
-            ["family", "depth", "seed", "n_params", "n_blocks", "accuracy", "error", "ce", "certified",
-             "continuations", "gains", "steps", "samples"]].reset_index(drop=True)
-        merged.update(fit_tables(cfg, members, merged["stages"]))
-        grammar = rhm.make_grammar(cfg.grammar)
-        check = unseen.held_out_overlap(grammar, held.leaves.numpy(),
-                                        zip(merged["stages"]["sample_start"], merged["stages"]["sample_stop"]),
-                                        TRAIN_STREAM)
-        for t, df in merged.items():
-            run.write_table(t, df)
-        leaf = members[members["task"] == "leaf"]
-        root = members[members["task"] == "root"]
-        job.record(held_out_overlap=check["found"], held_out_replaced=int(held.replaced),
-                   training_sequences=check["training_sequences"],
-                   replicates=len(cfg.seeds), n_sequences=str(unseen.n_sequences(cfg.grammar)),
-                   expected_overlap=unseen.expected_overlap(cfg.grammar, check["training_sequences"],
-                                                            cfg.train.n_held_out),
-                   ngram_samples=int(cfg.span), jobs=int(jobs),
-                   summary={"n_members": int(len(members)), "n_certified": int(members["certified"].sum()),
-                            "all_certified": bool(members["certified"].all()),
-                            "bayes_loss": float(held.bayes.mean()),
-                            "best_ngram_excess": float(merged["ngram"]["excess"].min()),
-                            "min_leaf_excess": float(leaf["excess"].min()) if len(leaf) else None,
-                            "max_root_accuracy": float(root["accuracy"].max()) if len(root) else None,
-                            "train_seconds": float(members["seconds"].sum())})
-    return results.Run.load(run.path)
-
-
-def default_jobs() -> int:
-    """One worker per core."""
-    return os.cpu_count() or 1
-
-
-__all__ = ["EXPERIMENT", "GRAMMAR_TABLES", "HierarchyConfig", "MEMBER_TABLES", "build_member", "default_jobs",
-           "first_curve", "fit_tables", "grammar_tables", "held_out_sets", "member_seed", "run_hierarchy",
-           "train_member", "training_ranges", "unit_name"]
+__all__ = ["EXPERIMENT", "MEMBER_TABLES", "UNITS", "HierarchyConfig", "build_member", "concat_tables", "first_curve",
+           "fit_tables", "grammar_tables", "held_out_sets", "member_seed", "merge", "train_member", "train_unit",
+           "training_ranges"]

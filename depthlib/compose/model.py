@@ -28,12 +28,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from depthlib.compose.network import FAMILIES, MIN_DEPTH, schedule
 from depthlib.errors import InputError
 from depthlib.validate import int_in_range
-
-FAMILIES = ("untied", "looped", "tied")
-#: the smallest effective depth of each family (a looped model has a prelude, at least one core step and a coda)
-MIN_DEPTH = {"untied": 1, "looped": 3, "tied": 1}
 
 
 @dataclass(frozen=True)
@@ -51,18 +48,6 @@ class GrammarModelConfig:
             raise InputError(f"d_model {self.d_model} must split into {self.n_heads} heads")
         int_in_range("mlp_ratio", self.mlp_ratio, 1, 64)
         return self
-
-
-def schedule(family: str, depth: int) -> tuple[int, list[int]]:
-    """(distinct blocks, the block applied at each of the ``depth`` steps) of a family's member."""
-    if family not in FAMILIES:
-        raise InputError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
-    int_in_range(f"{family} depth", depth, MIN_DEPTH[family], 4096)
-    if family == "untied":
-        return depth, list(range(depth))
-    if family == "looped":
-        return 3, [0] + [1] * (depth - 2) + [2]
-    return 1, [0] * depth
 
 
 class Block(nn.Module):
@@ -137,12 +122,6 @@ def build_model(cfg: GrammarModelConfig, family: str, depth: int, vocab: int, le
     return ComposeModel(cfg, family, depth, vocab, length).init_weights(seed)
 
 
-def token_nll(model: ComposeModel, leaves: torch.Tensor, order: list[int] | None = None) -> torch.Tensor:
-    """(batch, length) next-leaf cross-entropy in nats."""
-    logits = model(leaves, order)
-    return F.cross_entropy(logits.transpose(1, 2), leaves, reduction="none")
-
-
 def parameter_counts(model: ComposeModel) -> dict:
     """All parameters and those of the blocks (what tying shares)."""
     blocks = sum(p.numel() for p in model.blocks.parameters())
@@ -151,4 +130,4 @@ def parameter_counts(model: ComposeModel) -> dict:
 
 
 __all__ = ["FAMILIES", "MIN_DEPTH", "Block", "ComposeModel", "GrammarModelConfig", "build_model", "parameter_counts",
-           "schedule", "token_nll"]
+           "schedule"]

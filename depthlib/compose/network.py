@@ -32,12 +32,27 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from depthlib.compose.model import FAMILIES, MIN_DEPTH, schedule
 from depthlib.errors import InputError
 from depthlib.lm.families import build_family_model
 from depthlib.lm.model import ARCHS, ModelConfig
 from depthlib.models.arch import arch_of, block_input, block_output
 from depthlib.validate import int_in_range
+
+FAMILIES = ("untied", "looped", "tied")
+#: the smallest effective depth of each family (a looped model has a prelude, at least one core step and a coda)
+MIN_DEPTH = {"untied": 1, "looped": 3, "tied": 1}
+
+
+def schedule(family: str, depth: int) -> tuple[int, list[int]]:
+    """(distinct blocks, the block applied at each of the ``depth`` steps) of a family's member."""
+    if family not in FAMILIES:
+        raise InputError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    int_in_range(f"{family} depth", depth, MIN_DEPTH[family], 4096)
+    if family == "untied":
+        return depth, list(range(depth))
+    if family == "looped":
+        return 3, [0] + [1] * (depth - 2) + [2]
+    return 1, [0] * depth
 
 
 @dataclass(frozen=True)
@@ -143,4 +158,5 @@ def parameter_counts(model: GrammarNet) -> dict:
             "n_blocks": len(model.blocks)}
 
 
-__all__ = ["GrammarModelConfig", "GrammarNet", "build_model", "parameter_counts", "token_nll"]
+__all__ = ["FAMILIES", "MIN_DEPTH", "GrammarModelConfig", "GrammarNet", "build_model", "parameter_counts", "schedule",
+           "token_nll"]

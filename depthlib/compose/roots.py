@@ -7,7 +7,7 @@ cross-entropy is its excess. From the first ``t`` leaves only, the posterior P(r
 algorithm (:func:`root_log_likelihood`, an unobserved leaf's message is 1 for every symbol): how much of the sequence
 the root needs (``root_bayes`` in a run) — none of it is local when the rules have many synonyms.
 
-**The member.** A classifier is a chapter-7 transformer (:class:`depthlib.compose.model.ComposeModel`, any family and
+**The member.** A classifier is a grammar member (:class:`depthlib.compose.network.GrammarNet`, any family and
 effective depth, unchanged) over T + 1 positions: its input is the start symbol and every leaf (the leaves followed by
 one filler, which the model's shift drops), and its head's v outputs at the last position, whose causal attention
 sees every leaf, are the root's logits (:func:`root_logits`). Chapter 5's edits are schedules here too
@@ -22,7 +22,7 @@ from scipy.special import logsumexp
 from torch.nn import functional as F
 
 from depthlib.compose import rhm
-from depthlib.compose.model import ComposeModel
+from depthlib.compose.network import GrammarNet
 from depthlib.errors import InputError
 
 
@@ -70,21 +70,21 @@ def root_bayes_table(grammar: rhm.Grammar, leaves: np.ndarray, roots: np.ndarray
     return pd.DataFrame(rows)
 
 
-def root_logits(model: ComposeModel, leaves: torch.Tensor, order: list[int] | None = None) -> torch.Tensor:
+def root_logits(model: GrammarNet, leaves: torch.Tensor, order: list[int] | None = None) -> torch.Tensor:
     """(batch, v) root logits of a member built over T + 1 positions: the leaves (batch, T) and one filler go in,
     the last position (start symbol and every leaf in its causal view) is read out; ``order``: another schedule."""
     filled = torch.cat([leaves, leaves[:, :1]], 1)                      # the filler is never an input
     return model(filled, order)[:, -1]
 
 
-def root_nll(model: ComposeModel, leaves: torch.Tensor, roots: torch.Tensor,
+def root_nll(model: GrammarNet, leaves: torch.Tensor, roots: torch.Tensor,
              order: list[int] | None = None) -> torch.Tensor:
     """(batch,) cross-entropy of the root, nats."""
     return F.cross_entropy(root_logits(model, leaves, order), roots, reduction="none")
 
 
 @torch.no_grad()
-def evaluate_root(model: ComposeModel, leaves: torch.Tensor, roots: torch.Tensor, order=None,
+def evaluate_root(model: GrammarNet, leaves: torch.Tensor, roots: torch.Tensor, order=None,
                   batch: int = 1024) -> tuple[np.ndarray, np.ndarray]:
     """Per-sequence cross-entropy (nats) and correctness (argmax = root) on a held-out set."""
     was = model.training
@@ -99,7 +99,7 @@ def evaluate_root(model: ComposeModel, leaves: torch.Tensor, roots: torch.Tensor
 
 
 @torch.no_grad()
-def root_edits(model: ComposeModel, leaves: torch.Tensor, roots: torch.Tensor) -> pd.DataFrame:
+def root_edits(model: GrammarNet, leaves: torch.Tensor, roots: torch.Tensor) -> pd.DataFrame:
     """Chapter 5's edits on a root classifier (as :func:`depthlib.compose.diagnostics.diagnose` makes them on a
     next-leaf member): delete the application at every position j, and in an untied member swap the applications at
     j and j + 1. Columns edit, position, loss (cross-entropy), accuracy, delta, delta_accuracy (against the member

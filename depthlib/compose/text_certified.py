@@ -45,7 +45,7 @@ import pandas as pd
 import torch
 
 from depthlib import results
-from depthlib.compose.model import FAMILIES, MIN_DEPTH, schedule
+from depthlib.compose.network import FAMILIES, MIN_DEPTH, schedule
 from depthlib.contract import Profile
 from depthlib.errors import InputError
 from depthlib.lm import converged, fit, series

@@ -48,7 +48,7 @@ def _order(families) -> list[str]:
 def settings_table(source) -> pd.DataFrame:
     """What the part trained, as (setting, value) rows: the families and their effective depths, the seeds, the model,
     the budget and the certificate (all chapter 6's converged series'), and the held-out documents."""
-    from depthlib.compose.model import schedule
+    from depthlib.compose.network import schedule
     from depthlib.compose.text_certified import TextCertifiedConfig
     config = source.config if hasattr(source, "config") else source["config"]
     c = TextCertifiedConfig.from_dict(config)

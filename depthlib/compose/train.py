@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from depthlib.compose import rhm
-from depthlib.compose.model import ComposeModel, token_nll
+from depthlib.compose.network import GrammarNet, token_nll
 from depthlib.errors import InputError
 from depthlib.training import optimise
 from depthlib.validate import finite, int_in_range
@@ -94,7 +94,7 @@ def held_out(grammar: rhm.Grammar, n: int, stream: int = HELD_OUT_STREAM) -> tup
 
 
 @torch.no_grad()
-def evaluate(model: ComposeModel, leaves: torch.Tensor, batch: int = 1024, order=None) -> np.ndarray:
+def evaluate(model: GrammarNet, leaves: torch.Tensor, batch: int = 1024, order=None) -> np.ndarray:
     """Per-sequence mean next-leaf loss (nats/token) on ``leaves``; ``order`` as in the model's forward."""
     was = model.training
     model.eval()
@@ -115,7 +115,7 @@ def relative_improvement(curve: pd.DataFrame, column: str) -> float:
     return (before - final) / before
 
 
-def train(model: ComposeModel, grammar: rhm.Grammar, cfg: GrammarTrainConfig, *, seed: int,
+def train(model: GrammarNet, grammar: rhm.Grammar, cfg: GrammarTrainConfig, *, seed: int,
           data: tuple[torch.Tensor, np.ndarray] | None = None, on_step=None, stop_at: int | None = None) -> dict:
     """Train ``model`` on fresh samples (the batch order is the sample index, the same for every member; ``seed``
     shifts the stream so replicates see different samples); returns ``curve`` (step, lr, train_loss, val_loss,

@@ -1,16 +1,16 @@
 """Chapter 6's language model with its depth reused: the untied, looped and fully tied families of chapter 7.
 
 The paper's §5 proposes that reusing depth (looped or recurrent blocks) could turn ensemble-like depth into
-procedural or compositional depth. Chapter 7 tests that on its own transformer (:mod:`depthlib.compose.model`); this
-module builds the same three families from **chapter 6's** model (:func:`depthlib.lm.model.build_model`: GPT-NeoX's
-parallel block, Pythia's initialisation), so that they can be trained on chapter 6's text at exactly chapter 6's
+procedural or compositional depth. This module builds the three families from **chapter 6's** model
+(:func:`depthlib.lm.model.build_model`: GPT-NeoX's parallel block, Pythia's initialisation): chapter 7's members on a
+grammar (:mod:`depthlib.compose.network`) and on chapter 6's text, where they are trained at exactly chapter 6's
 budget, data order and certificate (:mod:`depthlib.lm.converged`), and compared with its certified depth series:
 
 * ``untied``: blocks 0, 1, …, ℓ−1 (chapter 6's model, unchanged);
 * ``looped``: 0, 1, 1, …, 1, 2 (prelude, core × (ℓ−2), coda);
 * ``tied``: 0, 0, …, 0,
 
-the schedules of chapter 7's own transformer (:func:`depthlib.compose.model.schedule`), passed in by the caller.
+the schedules of chapter 7's families (:func:`depthlib.compose.network.schedule`), passed in by the caller.
 
 Effective depth ℓ counts block applications, the ℓ of L(ℓ); a member of every family costs the same per token at the
 same ℓ. A looped or tied member is chapter 6's member of depth ℓ (the same seed, so the same initialisation, whose
@@ -50,7 +50,7 @@ def _application_class():
 def build_family_model(cfg: ModelConfig, depth: int, vocab_size: int, seed: int, eos_id: int = 0,
                        blocks: Sequence[int] | None = None):
     """A freshly initialised member of effective depth ``depth``: chapter 6's member of that depth and seed, whose step
-    j applies block ``blocks[j]`` (a family's schedule, :func:`depthlib.compose.model.schedule`; None or 0, 1, …, ℓ−1:
+    j applies block ``blocks[j]`` (a family's schedule, :func:`depthlib.compose.network.schedule`; None or 0, 1, …, ℓ−1:
     chapter 6's untied model itself, unchanged)."""
     import torch.nn as nn
     model = build_model(cfg, depth, vocab_size, seed, eos_id)
