@@ -6,12 +6,14 @@ same machine. The replay is the run's chapter's ``smoke`` profile computed from 
 rerun=True, parts=PARTS)``: every part — also one not shown yet — route and phase of the chapter at reduced size,
 after the smoke runs of the chapters it ``needs``), once with the code of the commit
 before the change (checked out in a temporary git worktree) and once with the current checkout, each in its own
-process and its own empty results cache. Every table of every part both sides compute must be equal, value for value
+process and its own empty results cache. Every table of a run's part must be equal on both sides, value for value
 and type for type (columns that measure the machine, not the model — wall times, throughputs, folders — are left out:
-:data:`VOLATILE`). Then, and only then, a committed run of that chapter that was fresh at the earlier commit is
+:data:`VOLATILE`). Then, and only then, a committed run of that part that was fresh at the earlier commit is
 re-stamped: its manifest gets the current code modules and fingerprint, and ``restamped_by_replay`` records both
-fingerprints, both commits, the tables compared and the machine. A part the change retires (computed before, not
-after) is not compared and takes its committed run with it; a run of a part that was not compared is never re-stamped.
+fingerprints, both commits, the tables compared and the machine. The parts are judged one by one: a change that moves
+one part's numbers (a new model for it) sends that part's runs to be recomputed and re-stamps the runs of the parts
+whose replays stayed bit-identical. A part the change retires (computed before, not after) is not compared and takes
+its committed run with it; a run of a part that was not compared is never re-stamped.
 
 ``python -m depthlib.purity --before COMMIT CHAPTER [CHAPTER ...]`` (``--dry-run`` compares without writing).
 """
@@ -137,8 +139,9 @@ def replay_chapter(chapter: str, before: str, work: Path) -> dict:
         index = _side(paths.REPO_ROOT, chapter, work / "after", models)
         problems = compare(work / "before", work / "after")
         retired, added = retired_and_added(work / "before", work / "after")
-        compared = {index[p]["experiment"] for p in index if p.replace("/", "__") not in added}
-        compared = sorted(compared | {u for u, merged in units.merged_by_units().items() if merged in compared})
+        compared = _with_units({index[p]["experiment"] for p in index if p.replace("/", "__") not in added})
+        moved = {problem.split("/")[0].split(":")[0] for problem in problems}       # the parts whose tables differ
+        differing = _with_units({index[p]["experiment"] for p in index if p.replace("/", "__") in moved})
         n_tables, n_rows = _count(work / "after")
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=paths.REPO_ROOT,
@@ -146,10 +149,16 @@ def replay_chapter(chapter: str, before: str, work: Path) -> dict:
     head, dirty = results.git_state()
     return {"profile": "smoke", "before_commit": sha, "after_commit": head, "after_dirty": dirty,
             "tables": n_tables, "rows": n_rows, "equal": not problems, "differences": problems,
-            "experiments": compared, "retired_parts": retired, "added_parts": added,
+            "experiments": compared, "differing_experiments": differing, "retired_parts": retired,
+            "added_parts": added,
             "ignored_columns": VOLATILE.pattern, "machine": results.device_description(),
             "replay_wall_time_s": round(time.perf_counter() - t0, 1),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _with_units(experiments: set[str]) -> list[str]:
+    """``experiments`` and the units experiments that merge into them (a unit's tables are rows of its merged run's)."""
+    return sorted(experiments | {u for u, merged in units.merged_by_units().items() if merged in experiments})
 
 
 def _fresh_at(run: results.Run, commit: str) -> bool:
@@ -170,8 +179,12 @@ def restamp(run: results.Run, replay: dict) -> str:
     if not run.stale:
         return f"fresh      {run.experiment}/{run.key}: already computed by the current code"
     compared = replay.get("experiments")
-    if not replay["equal"]:
+    # a record that does not name the parts that differ re-stamps nothing unless the whole replay is equal
+    differing = replay.get("differing_experiments", [] if replay["equal"] else None)
+    if differing is None:
         why = "the replay differs: " + ", ".join(replay["differences"][:4])
+    elif run.experiment in differing:
+        why = "its part's replay differs: " + ", ".join(replay["differences"][:4])
     elif not _fresh_at(run, replay["before_commit"]):
         why = f"it was not fresh at {replay['before_commit']}"
     elif compared is not None and run.experiment not in compared:

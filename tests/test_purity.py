@@ -81,6 +81,16 @@ def test_restamp_needs_an_equal_replay_and_a_run_fresh_before(lm_run, monkeypatc
     assert "was not fresh" in purity.restamp(lm_run, _replay(True))
 
 
+def test_parts_are_judged_one_by_one(lm_run, monkeypatch):
+    """A change that moves one part's numbers (another part's new model) re-stamps the runs of the parts whose replays
+    stayed bit-identical and sends the moved part's runs to be recomputed."""
+    monkeypatch.setattr(results.Run, "stale", property(lambda self: True))
+    moved = {**_replay(False), "differences": ["hierarchy/curves.parquet"], "experiments": ["compose-rhm", "lm"]}
+    line = purity.restamp(lm_run, {**moved, "differing_experiments": ["lm"]})
+    assert line.startswith("recompute  lm/") and "its part's replay differs" in line
+    assert purity.restamp(lm_run, {**moved, "differing_experiments": ["compose-rhm"]}).startswith("restamped")
+
+
 def test_the_command_refuses_bad_arguments_in_one_line(capsys):
     assert purity.main(["lm"]) == 2 and capsys.readouterr().err.startswith("usage:")
     assert purity.main(["--before", "HEAD", "--bogus", "lm"]) == 2
