@@ -38,6 +38,21 @@ def test_a_member_is_chapter_6s_model_with_the_familys_schedule():
         network.build_model(CFG, "recurrent", 3, 4, 8, 0)
     with pytest.raises(InputError, match="arch"):
         network.GrammarModelConfig(arch="gpt2").validate()
+    with pytest.raises(InputError, match="positions"):
+        network.GrammarModelConfig(positions="yes").validate()
+
+
+def test_absolute_positions_are_an_embedding_added_to_the_tokens():
+    x = torch.randint(0, 4, (2, 8))
+    with_pos = network.build_model(CFG, "untied", 2, 4, 8, seed=5)
+    rotary = network.build_model(network.GrammarModelConfig(d_model=16, n_heads=2, positions=False), "untied", 2, 4, 8,
+                                 seed=5)
+    assert with_pos.position.shape == (8, 16) and rotary.position is None
+    assert network.parameter_counts(with_pos)["n_params"] == network.parameter_counts(rotary)["n_params"] + 8 * 16
+    with torch.no_grad():
+        embed = rotary.lm.get_input_embeddings()(rotary.inputs(x))
+        assert torch.equal(rotary(x, states=True)[1][0], embed)
+        assert torch.equal(with_pos(x, states=True)[1][0], embed + with_pos.position)   # the same seed: the same lm
 
 
 def rhm_schedule(family, depth):
@@ -52,9 +67,9 @@ def test_logits_states_and_edits_through_one_interface(family, depth):
         logits, hs = m(x, states=True)
         assert logits.shape == (5, 8, 4) and len(hs) == depth + 1
         assert torch.equal(m(x), logits) and torch.equal(m(x, m.schedule), logits)
-        # h_0 is the embedding of the start symbol and the leaves before each position; h_ℓ is before the final
+        # h_0 embeds the start symbol and the leaves before each position, and the position; h_ℓ is before the final
         # norm, so the final norm and the unembedding of h_ℓ are the logits
-        assert torch.equal(hs[0], m.lm.get_input_embeddings()(m.inputs(x)))
+        assert torch.equal(hs[0], m.lm.get_input_embeddings()(m.inputs(x)) + m.position)
         head = m.lm.get_output_embeddings()(m.lm.gpt_neox.final_layer_norm(hs[-1]))[..., :4]
         assert torch.allclose(head, logits, atol=1e-6)
         # an edit is a forward pass with another schedule, and leaves the member as it was
