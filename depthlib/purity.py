@@ -200,8 +200,11 @@ def restamp(run: results.Run, replay: dict) -> str:
     m["code_modules"], m["code_fingerprint"] = modules, results.code_fingerprint(modules)
     text = json.dumps(m, indent=2, sort_keys=True, default=str, allow_nan=False)
     results.atomic_write(run.path / "manifest.json", lambda tmp: tmp.write_text(text + "\n"))
-    return (f"restamped  {run.experiment}/{run.key}: {replay['tables']} smoke tables ({replay['rows']} rows) "
-            f"bit-identical at {replay['before_commit']} and now")
+    if replay["equal"]:
+        return (f"restamped  {run.experiment}/{run.key}: {replay['tables']} smoke tables ({replay['rows']} rows) "
+                f"bit-identical at {replay['before_commit']} and now")
+    return (f"restamped  {run.experiment}/{run.key}: its part's smoke tables bit-identical at "
+            f"{replay['before_commit']} and now (other parts differ: {', '.join(replay['differing_experiments'])})")
 
 
 USAGE = "usage: python -m depthlib.purity --before COMMIT [--dry-run] CHAPTER [CHAPTER ...]"

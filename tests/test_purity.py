@@ -88,7 +88,8 @@ def test_parts_are_judged_one_by_one(lm_run, monkeypatch):
     moved = {**_replay(False), "differences": ["hierarchy/curves.parquet"], "experiments": ["compose-rhm", "lm"]}
     line = purity.restamp(lm_run, {**moved, "differing_experiments": ["lm"]})
     assert line.startswith("recompute  lm/") and "its part's replay differs" in line
-    assert purity.restamp(lm_run, {**moved, "differing_experiments": ["compose-rhm"]}).startswith("restamped")
+    line = purity.restamp(lm_run, {**moved, "differing_experiments": ["compose-rhm"]})
+    assert line.startswith("restamped") and "other parts differ: compose-rhm" in line
 
 
 def test_the_command_refuses_bad_arguments_in_one_line(capsys):
