@@ -54,7 +54,7 @@ def measure(profile: str, steps: int) -> dict:
     from depthlib.compose.diagnostics import diagnose
     from depthlib.compose.roots import root_edits
     torch.set_num_threads(1)
-    cfg = chapter.PROFILES[profile].hierarchy_lm.validate()
+    cfg = chapter.PROFILES[profile].hierarchy.validate()
     grammar = rhm.make_grammar(cfg.grammar)
     (held, probe), held_cpu, _ = _clock(lambda: hierarchy.held_out_sets(cfg))
     short = dataclasses.replace(cfg.train, steps=steps, evals=5)
@@ -140,7 +140,7 @@ def main() -> dict:
     if args.quick:
         args.profile, args.steps = "smoke", 20
     from depthlib.compose import chapter
-    cfg = chapter.PROFILES[args.profile].hierarchy_lm.validate()
+    cfg = chapter.PROFILES[args.profile].hierarchy.validate()
     t = measure(args.profile, args.steps)
     every = project(cfg, t, workers=args.workers)
     early = project(cfg, t, workers=args.workers, root_stop_depth=4)

@@ -25,7 +25,7 @@ def measure(steps: int, depth: int, seeds: list[int], profile: str = "cpu") -> d
     from depthlib.compose import chapter, hierarchy, network, rhm
     from depthlib.compose.certify import train_stage
     torch.set_num_threads(1)
-    cfg = chapter.PROFILES[profile].hierarchy_lm
+    cfg = chapter.PROFILES[profile].hierarchy
     train = dataclasses.replace(cfg.train, steps=steps, evals=5)
     held, _ = hierarchy.held_out_sets(cfg)
     grammar = rhm.make_grammar(cfg.grammar)

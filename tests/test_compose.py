@@ -1,12 +1,12 @@
-"""Chapter 7: the random hierarchy model, the looped models, training to convergence, diagnostics, the chapter glue."""
+"""Chapter 7: the random hierarchy model, training to convergence, diagnostics, the chapter glue (the members
+themselves: test_compose_network)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from scipy import stats
 
-from depthlib.compose import model as M
+from depthlib.compose import network as M
 from depthlib.compose import rhm
 from depthlib.compose import train as T
 from depthlib.errors import InputError
@@ -114,58 +114,6 @@ def test_bad_grammar_is_refused(kw):
 
 
 # ---- the looped models ------------------------------------------------------------------------------------
-def test_schedules_and_parameter_counts():
-    cfg = M.GrammarModelConfig(d_model=16, n_heads=2)
-    one = M.parameter_counts(M.build_model(cfg, "untied", 1, 8, 8, 0))
-    block = one["n_block_params"]
-    assert block == 2 * 2 * 16 + 16 * 48 + 48 + 16 * 16 + 16 + 16 * 64 + 64 + 64 * 16 + 16
-    outside = one["n_params"] - block
-    for family, depth, blocks in [("untied", 6, 6), ("looped", 6, 3), ("looped", 12, 3), ("tied", 6, 1),
-                                  ("tied", 12, 1)]:
-        c = M.parameter_counts(M.build_model(cfg, family, depth, 8, 8, 0))
-        assert c["n_blocks"] == blocks and c["n_block_params"] == blocks * block
-        assert c["n_params"] == outside + blocks * block
-    assert M.schedule("looped", 5) == (3, [0, 1, 1, 1, 2])
-    assert M.schedule("tied", 3) == (1, [0, 0, 0])
-    with pytest.raises(InputError):
-        M.schedule("looped", 2)
-    with pytest.raises(InputError):
-        M.schedule("recurrent", 4)
-
-
-@pytest.mark.parametrize("family", ["tied", "looped"])
-def test_r_applications_of_one_block_equal_r_calls_of_it(family):
-    torch.manual_seed(0)
-    m = M.build_model(M.GrammarModelConfig(d_model=16, n_heads=2), family, 7, 8, 8, seed=3)
-    x = torch.randint(0, 8, (5, 8))
-    logits, hs = m(x, states=True)
-    with torch.no_grad():
-        h = m.embed(m.inputs(x)) + m.position.weight[:8]
-        assert torch.equal(h, hs[0])
-        core = m.blocks[0] if family == "tied" else m.blocks[1]
-        if family == "looped":
-            h = h + m.blocks[0](h)
-        for _ in range(7 if family == "tied" else 5):
-            h = h + core(h)
-        if family == "looped":
-            h = h + m.blocks[2](h)
-        assert torch.equal(h, hs[-1])
-        assert torch.equal(m.head(m.ln_final(h)), logits)
-    assert len(hs) == 8
-
-
-def test_the_model_is_causal_and_its_init_is_seeded():
-    cfg = M.GrammarModelConfig(d_model=16, n_heads=2)
-    a, b = M.build_model(cfg, "untied", 3, 8, 8, 1), M.build_model(cfg, "untied", 3, 8, 8, 1)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    x = torch.randint(0, 8, (2, 8))
-    y = x.clone()
-    y[:, 5] = (y[:, 5] + 1) % 8
-    with torch.no_grad():
-        assert torch.allclose(a(x)[:, :6], a(y)[:, :6])       # position t sees leaves < t only
-        assert not torch.allclose(a(x)[:, 6:], a(y)[:, 6:])
-
-
 # ---- training -------------------------------------------------------------------------------------------
 def test_schedule_matches_the_converged_protocol():
     from depthlib.toy import converged

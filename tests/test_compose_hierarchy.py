@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from depthlib.compose import certify, fits, hierarchy, hierarchy_own, ngram, rhm, roots, unseen
-from depthlib.compose.model import GrammarModelConfig
+from depthlib.compose import certify, fits, hierarchy, ngram, rhm, roots, unseen
+from depthlib.compose.network import GrammarModelConfig
 from depthlib.compose.train import GrammarTrainConfig
 from depthlib.errors import InputError
 from depthlib.executors import ExecutorConfig
@@ -91,10 +91,10 @@ def test_root_bayes_classifier_equals_enumeration(cfg):
 
 
 def test_a_root_classifier_reads_every_leaf_at_its_last_position():
-    cfg = dataclasses.replace(hierarchy_own.OwnHierarchyConfig("smoke", grammar=rhm.RHMConfig(4, 2, 2, 3)),
+    cfg = dataclasses.replace(hierarchy.HierarchyConfig("smoke", grammar=rhm.RHMConfig(4, 2, 2, 3)),
                               model=GrammarModelConfig(d_model=16, n_heads=2))
-    model = hierarchy_own.build_member(cfg, 0, "root", "untied", 2)
-    assert model.position.num_embeddings == cfg.grammar.length + 1
+    model = hierarchy.build_member(cfg, 0, "root", "untied", 2)
+    assert model.lm.config.max_position_embeddings == model.position.shape[0] == cfg.grammar.length + 1
     x = torch.from_numpy(rhm.sample(rhm.make_grammar(cfg.grammar), np.arange(5), 0))
     logits = roots.root_logits(model, x)
     assert logits.shape == (5, cfg.grammar.v)
@@ -202,8 +202,8 @@ def test_two_segments_recover_a_known_break_and_a_straight_line_has_none():
     assert not flat["changes"] and flat["change_lo"] < 0 < flat["change_hi"]
 
 
-# ---- the run: resumable bit for bit, one-line errors -------------------------------------------------------
-TINY = hierarchy_own.OwnHierarchyConfig(
+# ---- the run: its units resumable bit for bit, one-line errors ---------------------------------------------
+TINY = hierarchy.HierarchyConfig(
     "smoke", grammar=rhm.RHMConfig(4, 2, 2, 3), families=("untied",), depths=(1, 2, 4), seeds=(0, 1),
     model=GrammarModelConfig(d_model=8, n_heads=2), train=GrammarTrainConfig(steps=10, batch_size=8, evals=5, n_held_out=32),
     certificate=certify.Certificate(max_continuations=1), n_probe=16, n_permutations=2, n_bootstrap=20)
@@ -218,25 +218,32 @@ def _tables(run):
 
 
 def test_an_interrupted_run_resumes_bit_for_bit_and_replays(cache, monkeypatch):
-    from depthlib import lifecycle
+    """The run's units (one per replicate, task and family) through the units runner, in this process on one thread
+    (the replay's): its tables, the exact held-out check, a replay of the run and of a unit, then the same run
+    interrupted after five members and resumed: no member trains twice and every table is bit-identical."""
+    from depthlib import results
     from depthlib.compose import chapter
-    whole = hierarchy_own.run_hierarchy(TINY, progress=False)
+    from depthlib.executors import ExecutorConfig
+    serial = ExecutorConfig("serial", threads=1)
+    whole = chapter.compute(TINY, executor=serial)
+    assert whole.experiment == hierarchy.EXPERIMENT and whole.complete and not whole.stale
     reference = _tables(whole)
-    assert {"ngram", "root_members", "root_bayes", "fit_exponents", "stages"} <= set(reference)
-    assert len(reference["members"]) == len(TINY.units()) == 12
+    assert {"ngram", "root_members", "root_bayes", "fit_exponents", "fit_rounds", "stages"} <= set(reference)
+    assert len(reference["members"]) == len(TINY.units()) == 12 and len(whole.manifest["units"]) == len(TINY.cells())
     m = whole.manifest
-    assert m["replicates"] == 2 and m["n_sequences"] == str(4 * 2 ** 7)
+    assert m["replicates"] == 2 and m["n_sequences"] == str(4 * 2 ** 7) and m["summary"]["n_members"] == 12
     # the held-out set is drawn among the sequences no member may train on: a tiny grammar (Ω = 512) replaces many
     # of its first draws, and the exact check after training finds none
     raw = unseen.held_out_overlap(
         rhm.make_grammar(TINY.grammar), rhm.sample(rhm.make_grammar(TINY.grammar), np.arange(32), 1),
         [(s * TINY.span, (s + 1) * TINY.span) for s in TINY.seeds])["found"]
     assert raw > 0 and m["held_out_overlap"] == 0 and m["held_out_replaced"] >= raw
-    rep = chapter.replay(whole)
-    assert len(rep) and np.array_equal(rep["committed"], rep["replayed"])
+    for run in (whole, results.Run.load(next((cache / "results" / hierarchy.UNITS).glob("*/manifest.json")).parent)):
+        rep = chapter.replay(run)
+        assert len(rep) and np.array_equal(rep["committed"], rep["replayed"])
 
     monkeypatch.setenv("DEPTHLIB_CACHE_DIR", str(cache / "again"))          # the same run, computed again
-    real, trained = hierarchy_own.train_member, []
+    real, trained = hierarchy.train_member, []
 
     def stop_after_five(*args, **kwargs):
         if len(trained) == 5:
@@ -244,11 +251,11 @@ def test_an_interrupted_run_resumes_bit_for_bit_and_replays(cache, monkeypatch):
         trained.append(args[3:])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(hierarchy_own, "train_member", stop_after_five)
-    with pytest.raises(lifecycle.RunInterrupted):
-        hierarchy_own.run_hierarchy(TINY, progress=False)
-    monkeypatch.setattr(hierarchy_own, "train_member", lambda *a, **k: trained.append(a[3:]) or real(*a, **k))
-    again = hierarchy_own.run_hierarchy(TINY, progress=False)
+    monkeypatch.setattr(hierarchy, "train_member", stop_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        chapter.compute(TINY, executor=serial)
+    monkeypatch.setattr(hierarchy, "train_member", lambda *a, **k: trained.append(a[3:]) or real(*a, **k))
+    again = chapter.compute(TINY, executor=serial)
     assert again.path != whole.path and again.manifest["held_out_overlap"] == m["held_out_overlap"]
     resumed = _tables(again)
     assert len(trained) == 12 and len(set(trained)) == 12                 # every member trained exactly once
@@ -260,12 +267,13 @@ def test_profiles_and_parts():
     from depthlib.compose import chapter
     for name, p in chapter.PROFILES.items():
         cfg = p.hierarchy.validate()
-        assert cfg.profile == name and hierarchy_own.OwnHierarchyConfig.from_dict(cfg.to_dict()) == cfg
+        assert cfg.profile == name and hierarchy.HierarchyConfig.from_dict(cfg.to_dict()) == cfg
     cpu = chapter.PROFILES["cpu"].hierarchy
     assert min(cpu.depths) < cpu.grammar.L < max(cpu.depths) and len(cpu.seeds) >= 3 and set(cpu.tasks) == {"leaf", "root"}
     assert unseen.expected_overlap(cpu.grammar, len(cpu.seeds) * cpu.span, cpu.train.n_held_out) < 0.2
     assert "hierarchy" in chapter.PARTS and "hierarchy" in chapter.SHOWN_PARTS
-    assert chapter.COMPUTE[hierarchy_own.EXPERIMENT] == "depthlib.compose.hierarchy_own:run_hierarchy"
+    assert chapter.COMPUTE[hierarchy.EXPERIMENT] == chapter.COMPUTE[hierarchy.UNITS] == \
+        "depthlib.compose.hierarchy:train_unit"
 
 
 @pytest.mark.parametrize("make, message", [

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from depthlib.compose import chapter
-from depthlib.compose.model import schedule
+from depthlib.compose.network import schedule
 from depthlib.errors import InputError
 from depthlib.executors import ExecutorConfig
 from depthlib.lm.families import build_family_model

@@ -1,7 +1,6 @@
 """Training one member of chapter 7's hierarchy control to a **certified** loss, on either task.
 
-**Tasks** (:data:`TASKS`), one grammar member each (:mod:`depthlib.compose.network`, chapter 6's model; any network
-with its interface, as chapter 7's own transformer of :mod:`depthlib.compose.model`):
+**Tasks** (:data:`TASKS`), one grammar member each (:mod:`depthlib.compose.network`, chapter 6's model):
 
 * ``leaf``: next-leaf prediction, the loss of :func:`depthlib.compose.network.token_nll`; its *excess* is the held-out
   loss minus the exact Bayes loss (:func:`depthlib.compose.rhm.bayes_nll`);

@@ -11,7 +11,6 @@ families on chapter 6's text at chapter 6's certified budget, :mod:`depthlib.com
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -20,14 +19,12 @@ import numpy as np
 import pandas as pd
 
 from depthlib import results, runtime, units
-from depthlib.compose import hierarchy, hierarchy_own, looped_certified, text_certified
+from depthlib.compose import hierarchy, looped_certified, text_certified
 from depthlib.compose.certify import Certificate
 from depthlib.compose.experiment import EXPERIMENT, ComposeConfig, run_compose, train_member
 from depthlib.compose.hierarchy import MEMBER_TABLES, HierarchyConfig
-from depthlib.compose.hierarchy_own import OwnHierarchyConfig
 from depthlib.compose.looped_certified import LoopedCertifiedConfig
-from depthlib.compose.model import GrammarModelConfig
-from depthlib.compose.network import GrammarModelConfig as LMGrammarModelConfig
+from depthlib.compose.network import GrammarModelConfig
 from depthlib.compose.rhm import RHMConfig
 from depthlib.compose.text_certified import TextCertifiedConfig
 from depthlib.compose.train import GrammarTrainConfig
@@ -41,33 +38,29 @@ from depthlib.toy.converged import TEACHER_KINDS
 #: The compute entry of the chapter's runs: their code modules are derived from its imports
 #: (:func:`depthlib.results.compute_modules`: the compose package, the angle measures and the trajectory clusters).
 COMPUTE = {EXPERIMENT: "depthlib.compose.experiment:run_compose",
-           hierarchy_own.EXPERIMENT: "depthlib.compose.hierarchy_own:run_hierarchy",
            text_certified.EXPERIMENT: "depthlib.compose.text_certified:run_text_certified",
            looped_certified.EXPERIMENT: "depthlib.compose.looped_certified:train_unit",
            looped_certified.UNITS: "depthlib.compose.looped_certified:train_unit",
            hierarchy.EXPERIMENT: "depthlib.compose.hierarchy:train_unit",
            hierarchy.UNITS: "depthlib.compose.hierarchy:train_unit"}
-HIERARCHY_EXPERIMENT = hierarchy_own.EXPERIMENT
-#: the hierarchy control on chapter 6's model (:mod:`depthlib.compose.hierarchy`), computed unit by unit
-HIERARCHY_LM_EXPERIMENT = hierarchy.EXPERIMENT
+HIERARCHY_EXPERIMENT = hierarchy.EXPERIMENT
 TEXT_CERTIFIED_EXPERIMENT = text_certified.EXPERIMENT
 TOY_CERTIFIED_EXPERIMENT = looped_certified.EXPERIMENT
 #: The chapter's parts, in the order :func:`runs` returns them
-PARTS = ("rhm", "hierarchy", "text_certified", "toy_certified", "hierarchy_lm")
-#: The parts the chapter shows by default: all but ``hierarchy_lm``, the hierarchy control on chapter 6's model,
-#: whose units are being computed (it replaces ``hierarchy``, on chapter 7's own network, once every unit is in)
-SHOWN_PARTS = PARTS[:4]
+PARTS = ("rhm", "hierarchy", "text_certified", "toy_certified")
+#: The parts the chapter shows by default: all of them
+SHOWN_PARTS = PARTS
 #: The field of :class:`ComposeProfile` that holds each part's settings (``depthlib compose --part P --set ...``)
 PART_FIELDS = {"rhm": "run", "hierarchy": "hierarchy", "text_certified": "text_certified",
-               "toy_certified": "toy_certified", "hierarchy_lm": "hierarchy_lm"}
+               "toy_certified": "toy_certified"}
 #: The looped students under chapter 3's certified protocol: a run made of units (:mod:`depthlib.units`)
 LOOPED_PROTOCOL = units.UnitProtocol("looped", looped_certified.EXPERIMENT, looped_certified.UNITS,
                                      COMPUTE[looped_certified.UNITS],
                                      "depthlib.compose.looped_certified:LoopedCertifiedConfig",
                                      ("stages", "curves", "certified", "signatures", "lags"),
                                      "depthlib.compose.chapter:merge_looped_certified")
-#: The hierarchy control on chapter 6's model: a run made of units, one per replicate, task and family
-HIERARCHY_LM_PROTOCOL = units.UnitProtocol("hierarchy", hierarchy.EXPERIMENT, hierarchy.UNITS,
+#: The hierarchy control: a run made of units, one per replicate, task and family (:mod:`depthlib.compose.hierarchy`)
+HIERARCHY_PROTOCOL = units.UnitProtocol("hierarchy", hierarchy.EXPERIMENT, hierarchy.UNITS,
                                            COMPUTE[hierarchy.UNITS],
                                            "depthlib.compose.hierarchy:HierarchyConfig", MEMBER_TABLES,
                                            "depthlib.compose.hierarchy:merge", stage_format="tables")
@@ -80,14 +73,6 @@ __all__ = ["COMPUTE", "EXPERIMENT", "HIERARCHY_EXPERIMENT", "LOOPED_PROTOCOL", "
            "summary_toy_certified"]
 
 
-def on_lm_model(cfg: OwnHierarchyConfig) -> HierarchyConfig:
-    """The hierarchy control's settings ``cfg`` with every member on chapter 6's model of the same width, heads and
-    MLP ratio (:mod:`depthlib.compose.hierarchy`)."""
-    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    m = cfg.model
-    return HierarchyConfig(**{**fields, "model": LMGrammarModelConfig(m.d_model, m.n_heads, m.mlp_ratio)})
-
-
 @dataclass(frozen=True)
 class ComposeProfile(Profile):
     """What chapter 7 trains under one profile: one run of every family at every depth on the grammar (``run``),
@@ -97,14 +82,9 @@ class ComposeProfile(Profile):
 
     name: str
     run: ComposeConfig
-    hierarchy: OwnHierarchyConfig
+    hierarchy: HierarchyConfig
     text_certified: TextCertifiedConfig
     toy_certified: LoopedCertifiedConfig
-    hierarchy_lm: HierarchyConfig | None = None     # default: ``hierarchy``'s settings on chapter 6's model
-
-    def __post_init__(self):
-        if self.hierarchy_lm is None:
-            object.__setattr__(self, "hierarchy_lm", on_lm_model(self.hierarchy))
 
 
 #: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
@@ -167,7 +147,7 @@ PROFILES: dict[str, ComposeProfile] = {
         "smoke", grammar=RHMConfig(v=8, m=2, s=2, L=2), depths=(1, 2, 3, 4), seeds=(0,),
         model=GrammarModelConfig(d_model=16, n_heads=2),
         train=GrammarTrainConfig(steps=40, batch_size=16, evals=20, n_held_out=64), n_probe=32, n_permutations=2),
-        OwnHierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
+        HierarchyConfig("smoke", grammar=RHMConfig(v=4, m=2, s=2, L=3), depths=(1, 2, 3, 4), seeds=(0, 1),
                         model=GrammarModelConfig(d_model=16, n_heads=2),
                         train=GrammarTrainConfig(steps=20, batch_size=8, evals=5, n_held_out=64),
                         certificate=Certificate(max_continuations=1), n_probe=32, n_permutations=2, n_bootstrap=50),
@@ -177,7 +157,7 @@ PROFILES: dict[str, ComposeProfile] = {
             "smoke", cells=((1.0, 1.0, 2), (0.0, 1.0, 2)), depths=(2, 4, 8), steps=40, batch=32, pool_batches=40,
             evals=5, eval_batches=2, eval_batch_size=128, teacher_depth=16))),
     "cpu": ComposeProfile("cpu", ComposeConfig("cpu", grammar=RHMConfig(v=8, m=2, s=2, L=4)),
-                          OwnHierarchyConfig("cpu", certificate=Certificate(max_continuations=3)),
+                          HierarchyConfig("cpu", certificate=Certificate(max_continuations=3)),
                           TextCertifiedConfig("cpu", series=lm_chapter.PROFILES["cpu"].converged,
                                               depths=(1, 2, 3, 4, 6, 8, 12)),
                           LoopedCertifiedConfig("cpu")),
@@ -186,7 +166,7 @@ PROFILES: dict[str, ComposeProfile] = {
         seeds=(0, 1, 2, 3, 4), model=GrammarModelConfig(d_model=128, n_heads=4),
         train=GrammarTrainConfig(steps=20_000, batch_size=256, lr=1e-3, n_held_out=8192), n_probe=2048,
         n_permutations=8),
-        OwnHierarchyConfig("paper", grammar=RHMConfig(v=8, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
+        HierarchyConfig("paper", grammar=RHMConfig(v=8, m=4, s=2, L=5), depths=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16),
                         seeds=(0, 1, 2, 3, 4),
                         model=GrammarModelConfig(d_model=128, n_heads=4),
                         train=GrammarTrainConfig(steps=20_000, batch_size=256, lr=1e-3, evals=20, n_held_out=8192),
@@ -207,26 +187,22 @@ def profile_config(profile: str = "smoke") -> ComposeConfig:
 def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedCertifiedConfig, device: str = "cpu", *,
             force: bool = False, progress: bool = True, executor=None) -> results.Run:
     """Train (or resume, or load) a run of ``cfg``, as chapters 3 and 6 do (its lifecycle is
-    :func:`depthlib.compose.experiment.run_compose`'s, for the first hierarchy run
-    :func:`depthlib.compose.hierarchy_own.run_hierarchy`'s and for the certified text part
+    :func:`depthlib.compose.experiment.run_compose`'s and for the certified text part
     :func:`depthlib.compose.text_certified.run_text_certified`'s; the units of the certified toy part and of the
-    hierarchy control on chapter 6's model are the units runner's, :func:`depthlib.units.train_units`, one process per
-    core). The hierarchy and
+    hierarchy control are the units runner's, :func:`depthlib.units.train_units`, one process per core). The hierarchy
+    and
     text parts train their members on local processes: one per core without an ``executor``, one at a time in this
     process with ``ExecutorConfig("serial")``, the joblib executor's ``jobs`` at a time with it.
     ``device``: the hierarchy part's members may train on an accelerator; the other parts train on the CPU."""
     jobs = _jobs(executor)
     runtime.configure_process(1)
-    if isinstance(cfg, OwnHierarchyConfig):
-        return hierarchy_own.run_hierarchy(cfg, jobs=jobs or hierarchy_own.default_jobs(), device=device, force=force,
-                                       progress=progress)
     if isinstance(cfg, HierarchyConfig):
         if force:
             raise InputError("--force does not apply to the hierarchy control on chapter 6's model (its units resume; "
                              "--rerun recomputes what the local cache lacks)")
         started = time.time()
-        done = units.train_units(HIERARCHY_LM_PROTOCOL, cfg, cfg.cells(), device, executor=executor)
-        return units.merge_units(HIERARCHY_LM_PROTOCOL, cfg, done, started)
+        done = units.train_units(HIERARCHY_PROTOCOL, cfg, cfg.cells(), device, executor=executor)
+        return units.merge_units(HIERARCHY_PROTOCOL, cfg, done, started)
     if isinstance(cfg, TextCertifiedConfig):
         return text_certified.run_text_certified(cfg, device, jobs=jobs or os.cpu_count() or 1, force=force,
                                                  progress=progress)
@@ -301,8 +277,7 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
         return {part: compute(labelled(getattr(profile, PART_FIELDS[part]), PART_FIELDS[part]).validate(),
                               progress=progress, executor=executor)
                 for part in PARTS if part in parts}
-    experiments = {"rhm": EXPERIMENT, "hierarchy": HIERARCHY_EXPERIMENT,
-                   "text_certified": TEXT_CERTIFIED_EXPERIMENT}
+    experiments = {"rhm": EXPERIMENT, "text_certified": TEXT_CERTIFIED_EXPERIMENT}
     configs = {part: (experiments[part], PART_FIELDS[part]) for part in PARTS if part in experiments}
     out = {part: results.chapter_run(
         experiment, profile, lambda a=attr: compute(getattr(PROFILES[profile], a), progress=progress, executor=executor),
@@ -312,11 +287,11 @@ def runs(profile: str | ComposeProfile = "smoke", *, rerun: bool = False, execut
         out["toy_certified"] = units.protocol_run(
             LOOPED_PROTOCOL, profile, lambda q: PROFILES[q].toy_certified if q in PROFILES else None, looped_units,
             rerun=rerun)
-    if "hierarchy_lm" in parts:
-        out["hierarchy_lm"] = units.protocol_run(
-            HIERARCHY_LM_PROTOCOL, profile, lambda q: PROFILES[q].hierarchy_lm if q in PROFILES else None,
+    if "hierarchy" in parts:
+        out["hierarchy"] = units.protocol_run(
+            HIERARCHY_PROTOCOL, profile, lambda q: PROFILES[q].hierarchy if q in PROFILES else None,
             lambda c: c.cells(), rerun=rerun, executor=executor)
-    return out
+    return {part: out[part] for part in PARTS if part in out}
 
 
 def _replayed_losses(run: results.Run, committed: pd.DataFrame, curve: pd.DataFrame, steps, key: dict) -> pd.DataFrame:
@@ -369,7 +344,7 @@ def replay(run: results.Run) -> pd.DataFrame:
     import torch
     if run.experiment in (looped_certified.EXPERIMENT, looped_certified.UNITS):
         return replay_toy_certified(run)
-    if run.experiment in (HIERARCHY_EXPERIMENT, hierarchy.EXPERIMENT, hierarchy.UNITS):
+    if run.experiment in (hierarchy.EXPERIMENT, hierarchy.UNITS):
         return replay_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
         return replay_text_certified(run)
@@ -393,23 +368,17 @@ def replay(run: results.Run) -> pd.DataFrame:
 
 
 def replay_hierarchy(run: results.Run) -> pd.DataFrame:
-    """Retrain the hierarchy run's first member (first replicate and task, first family, shallowest depth; on chapter
-    6's model, the first unit's shallowest member, or the unit's) up to its main stage's first held-out evaluation
-    with the current code; its committed and recomputed losses there."""
+    """Retrain the shallowest member of the hierarchy run's first unit (or of the unit's) up to its main stage's first
+    held-out evaluation with the current code; its committed and recomputed losses there."""
     import torch
-    on_lm = run.experiment != HIERARCHY_EXPERIMENT
     config = dict(run.config)
     cell = config.pop("cell", None)
-    cfg = (HierarchyConfig if on_lm else OwnHierarchyConfig).from_dict(config)
+    cfg = HierarchyConfig.from_dict(config)
     first = cfg.train.eval_steps()[1]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        if on_lm:
-            cell = cell or cfg.cells()[0]
-            curve = hierarchy.first_curve(cfg, cell, first)
-        else:
-            curve = hierarchy_own.first_curve(cfg, first)
+        curve = hierarchy.first_curve(cfg, cell or cfg.cells()[0], first)
     finally:
         torch.set_num_threads(threads)
     seed, task, family, depth = (int(curve[k].iloc[0]) if k in ("seed", "depth") else curve[k].iloc[0]
@@ -571,7 +540,7 @@ def describe(run: results.Run) -> dict:
     """Provenance and settings of a run, for the chapter's text."""
     if run.experiment == TOY_CERTIFIED_EXPERIMENT:
         return describe_toy_certified(run)
-    if run.experiment in (HIERARCHY_EXPERIMENT, HIERARCHY_LM_EXPERIMENT):
+    if run.experiment == HIERARCHY_EXPERIMENT:
         return describe_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
         return describe_text_certified(run)
@@ -607,7 +576,7 @@ def summary(run: results.Run) -> dict:
     from depthlib.compose import analysis
     if run.experiment == TOY_CERTIFIED_EXPERIMENT:
         return summary_toy_certified(run)
-    if run.experiment in (HIERARCHY_EXPERIMENT, HIERARCHY_LM_EXPERIMENT):
+    if run.experiment == HIERARCHY_EXPERIMENT:
         return summary_hierarchy(run)
     if run.experiment == TEXT_CERTIFIED_EXPERIMENT:
         return summary_text_certified(run)

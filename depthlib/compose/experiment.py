@@ -29,7 +29,7 @@ import torch
 from depthlib import results
 from depthlib.compose import rhm
 from depthlib.compose.diagnostics import diagnose
-from depthlib.compose.model import FAMILIES, MIN_DEPTH, GrammarModelConfig, build_model, parameter_counts
+from depthlib.compose.network import FAMILIES, MIN_DEPTH, GrammarModelConfig, build_model, parameter_counts
 from depthlib.compose.train import PROBE_STREAM, GrammarTrainConfig, held_out, train
 from depthlib.contract import from_dict, to_dict
 from depthlib.errors import InputError

@@ -46,8 +46,7 @@ certified by the book's continuation rule (:data:`depthlib.certificate.GAIN_BELO
 every continuation's gain.
 
 **Members** are chapter 6's model (:mod:`depthlib.compose.network`: GPT-NeoX's parallel block, rotary positions,
-Pythia's initialisation; ``model.arch`` in the settings), the book's one transformer stack. The first run of this
-control trained chapter 7's own transformer instead (:mod:`depthlib.compose.hierarchy_own`).
+Pythia's initialisation; ``model.arch`` in the settings), the book's one transformer stack.
 
 **The run is made of units** (:mod:`depthlib.units`, the book's units runner): a unit is one replicate's members of
 one task and family (:meth:`HierarchyConfig.cells`, the longest first), trained in its own resumable run — every
@@ -309,8 +308,7 @@ def fit_tables(cfg: HierarchyConfig, members: pd.DataFrame, stages: pd.DataFrame
 def merge(cfg: HierarchyConfig, t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], dict]:
     """The run from its units' tables: the members' tables, the grammar's, ``root_members``, the fits
     (:func:`depthlib.compose.fit_tables`), and the manifest's checks (the exact held-out overlap, the
-    replaced draws, the sequences drawn, the summary), as :func:`depthlib.compose.hierarchy_own.run_hierarchy` recorded
-    them."""
+    replaced draws, the sequences drawn, the summary)."""
     held, _ = held_out_sets(cfg)
     order = ["task", "family", "depth", "seed"]
     merged = {name: (t[name].sort_values(order, kind="stable").reset_index(drop=True) if len(t[name]) else t[name])

@@ -1,6 +1,6 @@
 """Chapter 7's hierarchy part read for the notebook: its tables, its answer paragraph and its verdict rows.
 
-Everything here is read from a finished ``compose-hierarchy`` run (:mod:`depthlib.compose.hierarchy`): no compute
+Everything here is read from a finished ``compose-hierarchy-lm`` run (:mod:`depthlib.compose.hierarchy`): no compute
 entry imports this module, so editing it never makes a run stale. Every function takes the run or a mapping of its
 tables (table name → DataFrame, with ``"config"`` → the run's config and ``"manifest"`` → its manifest), so that the
 rules can be tested on tables with known answers. Units: next-leaf excess in nats per leaf, root cross-entropy in
