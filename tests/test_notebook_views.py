@@ -218,6 +218,34 @@ def test_compose_diagnostics_text_has_one_item_per_family(compose_runs):
     assert ["swapping two neighbours" in ln for ln in items] == [True, False, False]
 
 
+def test_compose_diagnostics_reading_follows_its_stated_rule(compose_runs, monkeypatch):
+    """The reading of the cluster diagnostic against the edits quotes the run's numbers, and its answer changes as its
+    rule says when the untied members stop being all even, or stop being assembly lines."""
+    from depthlib.compose import analysis, views
+    run = compose_runs["rhm"]
+    d = analysis.diagnostic_table(run)
+    mid = d[(d["family"] == "untied") & d["delete_vs_ensemble"].notna()]
+    even = d.loc[d["family"] == "untied", "cluster_evenly"].dropna()
+    text = views.diagnostics_reading(run)
+    assert (f"costs {mid['delete_vs_ensemble'].min():.0f}–{mid['delete_vs_ensemble'].max():.0f} times what an ensemble"
+            in text)
+    assembly, all_even = (mid["delete_vs_ensemble_lo"] > views.ASSEMBLY).all(), (even >= views.EVENLY).all()
+    assert text.startswith("**No" if assembly and all_even else "**Yes" if assembly else "**The edits do not")
+
+    def reading(**changes):
+        t = d.copy()
+        for col, value in changes.items():
+            t.loc[t["family"] == "untied", col] = value
+        monkeypatch.setattr(analysis, "diagnostic_table", lambda _run: t)
+        return views.diagnostics_reading(run)
+    assert reading(cluster_evenly=0.5).startswith("**Yes, at least in part.**")
+    assert reading(delete_vs_ensemble_lo=1.0).startswith("**The edits do not call the untied members assembly lines")
+    assert reading(delete_vs_ensemble_lo=5.0, cluster_evenly=1.0).startswith("**No — and the edits show why not.**")
+    shares_below = d.assign(cluster_evenly=np.where(d["family"] == "untied", 1.0, 0.5 * d["cluster_evenly"]))
+    monkeypatch.setattr(analysis, "diagnostic_table", lambda _run: shares_below)
+    assert "separates flows from non-flows" in views.diagnostics_reading(run)
+
+
 # ---- chapter 7: limits and conclusion -------------------------------------------------------------------------------
 def test_compose_limits_and_conclusion(compose_runs):
     from depthlib.compose import analysis, chapter, views

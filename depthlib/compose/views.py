@@ -18,9 +18,9 @@ from depthlib import results
 from depthlib.claims import Measurement
 from depthlib.compose import analysis
 
-__all__ = ["alpha_text", "answer", "conclusion_text", "convergence_table", "convergence_text", "diagnostics_text",
-           "equal_depth_table", "equal_parameters_text", "limits_text", "measurements", "settings_table",
-           "slopes_table"]
+__all__ = ["alpha_text", "answer", "conclusion_text", "convergence_table", "convergence_text", "diagnostics_reading",
+           "diagnostics_text", "equal_depth_table", "equal_parameters_text", "limits_text", "measurements",
+           "settings_table", "slopes_table"]
 
 
 def _describe(run: results.Run) -> dict:
@@ -172,6 +172,83 @@ def diagnostics_text(run: results.Run, profile: str) -> str:
                         f"the middle +{_diagnostic(d, 'permute_delta', family, fd, 3)}" if family == "untied" else "")
                      + ".")
     return "**Measured** (" + profile + " profile; means over replicates with 95 % t intervals):\n\n" + "\n".join(lines)
+
+
+EVENLY = 0.99           # an "all even" member: at least this share of its tokens in the paper's "updated evenly" cluster
+ASSEMBLY = 2.0          # an "assembly line": deleting one middle application costs over this many ensembles' costs
+
+
+def _range(values: pd.Series, digits: int = 2, scale: float = 1.0, unit: str = "") -> str:
+    """The finite ``values`` as "a" or "a–b" (times ``scale``, ``digits`` decimals, ``unit`` after)."""
+    v = scale * values.dropna().to_numpy(float)
+    lo, hi = f"{v.min():.{digits}f}", f"{v.max():.{digits}f}"
+    return (lo if lo == hi else f"{lo}–{hi}") + unit
+
+
+def diagnostics_reading(run: results.Run) -> str:
+    """Whether the paper's cluster diagnostic calls the positive control compositional, read from the run (Markdown).
+
+    Rule, on the untied members with middle blocks: they are **assembly lines** by chapter 5's edits when the lower
+    end of the 95 % interval of every member's deletion cost over an ensemble's expected cost exceeds
+    :data:`ASSEMBLY`; the cluster diagnostic calls a member **all even** when at least :data:`EVENLY` of its tokens
+    fall in the "updated evenly" cluster (the paper's reading of LLMs, 99.6 %). The answer is "No" when the untied
+    members are assembly lines the diagnostic calls all even. The reused-depth families' numbers (deepest members)
+    say what the 2-means split does separate."""
+    info = _describe(run)
+    d = analysis.diagnostic_table(run)
+    u = d[d["family"] == "untied"].set_index("depth")
+    mid = u[u["delete_vs_ensemble"].notna()]
+    even = u["cluster_evenly"].dropna()
+    if not len(mid) or not len(even):
+        return "*The run has no untied member with middle blocks, so the diagnostic cannot be read against the edits.*"
+    assembly = bool((mid["delete_vs_ensemble_lo"] > ASSEMBLY).all())
+    all_even = bool((even >= EVENLY).all())
+    head = ("**No — and the edits show why not.**" if assembly and all_even else
+            "**Yes, at least in part.**" if assembly else
+            "**The edits do not call the untied members assembly lines either**, so this control does not test the "
+            "diagnostic.")
+    deep = int(u.index.max())
+    ordered = mid[mid["swap_delta"].notna()]
+    order = ((ordered["swap_delta"] / ordered["delete_middle_delta"]).rename(None))
+    shuffled = u.loc[deep, "permute_delta"] if np.isfinite(u.loc[deep, "permute_delta"]) else np.nan
+    edits = (f"The untied members must infer {info['grammar']['L']} levels of hidden symbols, and by chapter 5's edits "
+             + ("they are assembly lines" if assembly else "they are not clearly assembly lines")
+             + f": deleting one middle block application costs {_range(mid['delete_vs_ensemble'], 0)} times what an "
+             f"ensemble of similar members would lose (means at ℓ = {int(mid.index.min())}–{int(mid.index.max())}; "
+             f"rule: the interval's lower end above {ASSEMBLY:g} at every depth), and swapping two neighbours costs "
+             f"{_range(order, 1)} times a deletion")
+    if np.isfinite(shuffled):
+        edits += (f"; at ℓ = {deep} a random order of the middle costs +{shuffled:.3f} nats/symbol against "
+                  f"+{u.loc[deep, 'delete_middle_delta']:.3f} for one deletion")
+    angles = mid["theta_middle_mean"].dropna()
+    signs = (f"Yet {_range(even, 1, 100, ' %')} of the tokens of the untied members at ℓ = {int(even.index.min())}–"
+             f"{int(even.index.max())} fall in the \"updated evenly\" cluster (the paper reads 99.6 % in LLMs), "
+             f"consecutive updates are at {_range(u['theta_dh_mean'], 2)} rad (π/2 ≈ 1.57: unrelated) and the middle "
+             f"angle falls from {angles.iloc[0]:.2f} rad at ℓ = {int(angles.index[0])} to {angles.iloc[-1]:.2f} at "
+             f"ℓ = {int(angles.index[-1])} — the LLM signatures of chapter 2. The trajectory clusters only ask whether a "
+             "token *stops being updated* early; a network whose blocks each do a different, necessary step by a "
+             "similar amount of rotation passes as \"even\".")
+    reused = [f for f in info["families"] if f != "untied"]
+    rows = d[d["family"].isin(reused)].set_index(["family", "depth"])
+    flow = []
+    for f in reused:
+        fd = max(info["depths"][f])
+        r = rows.loc[(f, fd)]
+        flow.append(f"{f} ℓ = {fd}: consecutive updates at {r['theta_dh_mean']:.2f} rad, long-lag cosine "
+                    f"{r['long_lag_cos']:.2f}, deleting one application {r['delete_vs_ensemble']:.2f} × an ensemble's "
+                    f"cost, {100 * r['cluster_evenly']:.0f} % of tokens \"even\"")
+    split = rows["cluster_evenly"].dropna()
+    separates = bool(len(split)) and bool((split < even.min()).all())
+    shares = ", ".join(f"{f} ℓ = {k}: {100 * v:.0f} %" for (f, k), v in split.items())
+    reading = (f"The reused-depth families behave more like a flow ({'; '.join(flow)}). Their \"even\" shares ({shares}) "
+               + ("all lie below every untied member's, so the 2-means split separates flows from non-flows, not "
+                  "composition from averaging." if separates else
+                  "do not all lie below the untied members', so the 2-means split does not reliably separate even flows "
+                  "from non-flows, let alone composition from averaging."))
+    return (f"{head} {edits}. {signs}\n\n{reading} To call a network compositional, the diagnostic would need what the "
+            "edits measure — whether the blocks are interchangeable and indispensable — or a readout of *what* each "
+            "block computes (e.g., linear probes for the hidden symbols of each level of the hierarchy at each depth), "
+            "not how far each block turns the state.")
 
 
 # ---- what the chapter can and cannot say, and its conclusion --------------------------------------------------------
