@@ -88,7 +88,7 @@ class ComposeProfile(Profile):
 
 
 #: smoke: seconds (numbers meaningless). cpu: sized to one core for about an hour on this project's shared 2-core
-#: machine (measured 4–10 ms per block application per step at batch 64 while other jobs ran): the grammar
+#: machine (the committed run on chapter 6's model: 2,710 s in one process, 48 members): the grammar
 #: (v, m, s, L) = (8, 2, 2, 4) — 16 leaves, 16 of the 64 symbol pairs used per level — width 32, effective depths 1–8
 #: (below and above L = 4), three families, three replicates, 2000 steps × 64 fresh sequences per member.
 #: paper: a GPU; a deeper grammar (L = 5, 32 leaves, v = 16, m = 4), width 128, depths to 24, five replicates.
@@ -97,23 +97,24 @@ class ComposeProfile(Profile):
 #: 3, 4, 6, 8 (looped from 3; below and above L = 5), three replicates, width 32, 1000 steps × 64 fresh sequences per
 #: main stage, then at most **3** continuations, each half the member's steps so far (500, 750, 1120 steps): at most
 #: 3370 steps and 215 680 sequences a member (the n-gram tables get as many), 96 members.
-#: *Why this design and not fewer members with more steps* (measured on this 2-core machine while a 2-process job ran,
-#: one process, one thread, about 9 CPU minutes in all): at this budget no next-leaf member certifies, and more steps
-#: per member do not change that. The next-leaf excess falls as a power of the sequences seen, about N^−0.7 from
-#: 64 000 to 288 000 (untied ℓ = 4: 0.0358 at 64 k, 0.0248 at 96 k, 0.0185 at 144 k; a main stage of 3000 steps,
-#: 192 k: 0.0165, then 0.0125 at 288 k), whether the sequences come in one schedule or in continuations, so a
-#: continuation of half the steps so far (1.5× the sequences) gains 1 − 1.5^−0.7 ≈ 25 % at any length: measured 31 % and
-#: 25 % after a 1000-step main stage and still 24 % after a 3000-step one (tied ℓ = 3: 29, 21, 25 %; even the untied
-#: ℓ = 1 member, near its capacity, gains 3.6, 3.5, 3.6 %: N^−0.09). Certifying (< 2 % a continuation) needs a local
-#: exponent below 0.05 — a floor no member is near — so tripling the steps of fewer members (e.g. depths 2, 4, 6, 8)
-#: would buy lower losses, not certificates, and would lose the looped family's fits (they need four depths ≥ 3) or
-#: ℓ = 1. The root task certifies its error (:mod:`depthlib.compose.certify`): untied root members measured
-#: 0.276 → 0.243 → 0.205 → 0.185 (ℓ = 1; gains 12, 16, 10 %: not certified), 0.043 → 0.027 → 0.014 → 0.009 (ℓ = 2:
-#: 37, 49, 36 %), 0.053 → 0.022 → 0 (ℓ = 4: no error left, certified) and 0.187 → 0.096 → 0.019 → 0.020 (ℓ = 8: the
-#: third continuation fixed nothing, certified). So the run keeps the whole grid and spends its time on a third
+#: *Why this design and not fewer members with more steps* (measured on chapter 7's first transformer, since retired for
+#: chapter 6's model, whose tied next-leaf members of replicate 0 land within 0.003 nats of its excess at ℓ = 4–8; this
+#: 2-core machine while a 2-process job ran, one process, one thread, about 9 CPU minutes in all): at this budget no
+#: next-leaf member certifies, and more steps per member do not change that. The next-leaf excess falls as a power of
+#: the sequences seen, about N^−0.7 from 64 000 to 288 000 (untied ℓ = 4: 0.0358 at 64 k, 0.0248 at 96 k, 0.0185 at
+#: 144 k; a main stage of 3000 steps, 192 k: 0.0165, then 0.0125 at 288 k), whether the sequences come in one schedule
+#: or in continuations, so a continuation of half the steps so far (1.5× the sequences) gains 1 − 1.5^−0.7 ≈ 25 % at any
+#: length: measured 31 % and 25 % after a 1000-step main stage and still 24 % after a 3000-step one (tied ℓ = 3: 29, 21,
+#: 25 %; even the untied ℓ = 1 member, near its capacity, gains 3.6, 3.5, 3.6 %: N^−0.09). Certifying (< 2 % a
+#: continuation) needs a local exponent below 0.05 — a floor no member is near — so tripling the steps of fewer members
+#: (e.g. depths 2, 4, 6, 8) would buy lower losses, not certificates, and would lose the looped family's fits (they need
+#: four depths ≥ 3) or ℓ = 1. The root task certifies its error (:mod:`depthlib.compose.certify`): untied root members
+#: measured 0.276 → 0.243 → 0.205 → 0.185 (ℓ = 1; gains 12, 16, 10 %: not certified), 0.043 → 0.027 → 0.014 → 0.009
+#: (ℓ = 2: 37, 49, 36 %), 0.053 → 0.022 → 0 (ℓ = 4: no error left, certified) and 0.187 → 0.096 → 0.019 → 0.020 (ℓ = 8:
+#: the third continuation fixed nothing, certified). So the run keeps the whole grid and spends its time on a third
 #: continuation: α_ℓ is then measured after every round, at 64 000, 96 000, 144 000 and 215 680 sequences a member
-#: (``fit_rounds``), which says whether the exponent still moves with training when the losses are not certified —
-#: the report this budget can honestly make (members *not certified*, with their gains).
+#: (``fit_rounds``), which says whether the exponent still moves with training when the losses are not certified — the
+#: report this budget can honestly make (members *not certified*, with their gains).
 #: *Wall time* (``benchmarks/bench_compose_hierarchy.py``: 200-step slices through the run's code, CPU seconds of one
 #: thread; load average 6 on the 2 cores while it ran): a step costs 0.8 ms + 6.2 ms per block application (next
 #: leaf; root 0.6 + 6.0), a held-out evaluation (2 048 sequences) 0.08 s at ℓ = 1 and 0.45–0.56 s at ℓ = 8, the
