@@ -896,8 +896,9 @@ COMMANDS: dict[str, Command] = {
         help="chapter 7: untied, looped and tied residual transformers on the random hierarchy model and on chapter "
              "6's text, and looped toy students; depth laws and the paper's diagnostics",
         profile_help="smoke: seconds (numbers meaningless); cpu: rhm 3 families, depths 1-8, 3 replicates (under an "
-                     "hour on one core), text at chapter 6's certified budget 12 members (after chapter 6's "
-                     "series), toy 36 looped students; paper: larger settings for a GPU machine",
+                     "hour on one core), the unseen hierarchy control 96 members in 18 units (about 3 h on two "
+                     "cores), text at chapter 6's certified budget 12 members (after chapter 6's series), toy 36 "
+                     "looped students; paper: larger settings for a GPU machine",
         add=_add_compose, runs_flags=("families", "depths", "seeds"), single=_cmd_compose, force_single=True,
         settings=_compose_settings, executor=False, device=False, force=True),
 }
