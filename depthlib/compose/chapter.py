@@ -190,10 +190,9 @@ def compute(cfg: ComposeConfig | HierarchyConfig | TextCertifiedConfig | LoopedC
     """Train (or resume, or load) a run of ``cfg``, as chapters 3 and 6 do (its lifecycle is
     :func:`depthlib.compose.experiment.run_compose`'s and for the certified text part
     :func:`depthlib.compose.text_certified.run_text_certified`'s; the units of the certified toy part and of the
-    hierarchy control are the units runner's, :func:`depthlib.units.train_units`, one process per core). The hierarchy
-    and
-    text parts train their members on local processes: one per core without an ``executor``, one at a time in this
-    process with ``ExecutorConfig("serial")``, the joblib executor's ``jobs`` at a time with it.
+    hierarchy control are the units runner's, :func:`depthlib.units.train_units`, one process per core). The text part
+    trains its members on local processes: one per core without an ``executor``, one at a time in this process with
+    ``ExecutorConfig("serial")``, the joblib executor's ``jobs`` at a time with it.
     ``device``: the hierarchy part's members may train on an accelerator; the other parts train on the CPU."""
     jobs = _jobs(executor)
     runtime.configure_process(1)
