@@ -3,7 +3,7 @@ depthlib.compose.text_certified), on answers known by construction:
 
 * a tied member is chapter 6's model with one block applied ℓ times: its logits and its tapped hidden states equal those
   of an untied model whose ℓ blocks are copies of that block, bit for bit (the same operations in the same order);
-* the schedules are chapter 7's own transformer's (passed in), and the untied one is chapter 6's model;
+* the schedules are chapter 7's families' (compose.network.schedule, passed in), and the untied one is chapter 6's model;
 * a tied member of effective depth 1 *is* chapter 6's untied member of depth 1 (same seed, same initialisation, same
   data and schedule): its certified loss equals the untied member's exactly;
 * the tied − untied difference is computed on paired resamples (its point value is the difference of the two fits).
