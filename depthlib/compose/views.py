@@ -185,6 +185,16 @@ def _range(values: pd.Series, digits: int = 2, scale: float = 1.0, unit: str = "
     return (lo if lo == hi else f"{lo}–{hi}") + unit
 
 
+def _untied_edits(d: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, bool, bool]:
+    """The untied members of ``d`` (:func:`depthlib.compose.analysis.diagnostic_table`) read by the rule of
+    :func:`diagnostics_reading`: (those with middle blocks, indexed by depth; their 'evenly' shares; assembly lines;
+    all even)."""
+    u = d[d["family"] == "untied"].set_index("depth")
+    mid, even = u[u["delete_vs_ensemble"].notna()], u["cluster_evenly"].dropna()
+    return (mid, even, bool(len(mid)) and bool((mid["delete_vs_ensemble_lo"] > ASSEMBLY).all()),
+            bool(len(even)) and bool((even >= EVENLY).all()))
+
+
 def diagnostics_reading(run: results.Run) -> str:
     """Whether the paper's cluster diagnostic calls the positive control compositional, read from the run (Markdown).
 
@@ -197,20 +207,17 @@ def diagnostics_reading(run: results.Run) -> str:
     info = _describe(run)
     d = analysis.diagnostic_table(run)
     u = d[d["family"] == "untied"].set_index("depth")
-    mid = u[u["delete_vs_ensemble"].notna()]
-    even = u["cluster_evenly"].dropna()
+    mid, even, assembly, all_even = _untied_edits(d)
     if not len(mid) or not len(even):
         return "*The run has no untied member with middle blocks, so the diagnostic cannot be read against the edits.*"
-    assembly = bool((mid["delete_vs_ensemble_lo"] > ASSEMBLY).all())
-    all_even = bool((even >= EVENLY).all())
     head = ("**No — and the edits show why not.**" if assembly and all_even else
             "**Yes, at least in part.**" if assembly else
             "**The edits do not call the untied members assembly lines either**, so this control does not test the "
             "diagnostic.")
     deep = int(u.index.max())
     ordered = mid[mid["swap_delta"].notna()]
-    order = ((ordered["swap_delta"] / ordered["delete_middle_delta"]).rename(None))
-    shuffled = u.loc[deep, "permute_delta"] if np.isfinite(u.loc[deep, "permute_delta"]) else np.nan
+    order = ordered["swap_delta"] / ordered["delete_middle_delta"]
+    shuffled = u.loc[deep, "permute_delta"]
     edits = (f"The untied members must infer {info['grammar']['L']} levels of hidden symbols, and by chapter 5's edits "
              + ("they are assembly lines" if assembly else "they are not clearly assembly lines")
              + f": deleting one middle block application costs {_range(mid['delete_vs_ensemble'], 0)} times what an "
@@ -341,7 +348,11 @@ def conclusion_text(run: results.Run) -> str:
 
     def versus_one(f):
         return _versus_one(ex.loc[f])
-    ratio_u = dr.loc["untied"].delete_vs_ensemble.dropna()
+    mid_u, _, assembly, _ = _untied_edits(diag)
+    ratio_u = mid_u.delete_vs_ensemble
+    edits = ("By chapter 5's edits these networks are assembly lines" if assembly else
+             "By chapter 5's edits these networks are not clearly assembly lines")
+    span = f"{int(mid_u.index.min())}–{deep_u}"
     return f"""
 On a target that must be parsed in L = {info['grammar']['L']} levels, untied residual transformers of width {info['d_model']}
 lose their excess over the Bayes loss as ℓ^−α with **α = {a('untied')}** over effective depths {ex.loc['untied'].depths}:
@@ -349,8 +360,8 @@ lose their excess over the Bayes loss as ℓ^−α with **α = {a('untied')}** o
 {below_slopes} up to ℓ = 3 and peaks at {peak} between ℓ = {steep['from']} and {steep['to']}, around
 the hierarchy's depth. (The paper's law with a free floor gives {a('untied', ff)}, but puts the floor at
 {fl.L_inf.min():.3f}–{fl.L_inf.max():.3f} nats, below the exact Bayes loss {losses.bayes.mean():.3f} that no model can reach; the
-excess law, whose floor is known, is the one to read.) By chapter 5's edits these networks are assembly lines: deleting
-one middle application costs {ratio_u.min():.0f}–{ratio_u.max():.0f} × what an ensemble would lose (means at ℓ = 3–{deep_u}). The
+excess law, whose floor is known, is the one to read.) {edits}: deleting
+one middle application costs {ratio_u.min():.0f}–{ratio_u.max():.0f} × what an ensemble would lose (means at ℓ = {span}). The
 paper's diagnostics nonetheless read them as they read LLMs: {100 * dr.loc[('untied', deep_u), 'cluster_evenly']:.0f} % of
 tokens "updated evenly", consecutive updates at {dr.loc[('untied', deep_u), 'theta_dh_mean']:.2f} rad (π/2 = 1.57) at
 ℓ = {deep_u}. **The trajectory clusters and update angles cannot tell composition from averaging; the edits can.**
