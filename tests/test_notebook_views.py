@@ -240,8 +240,9 @@ def test_compose_diagnostics_reading_follows_its_stated_rule(compose_runs, monke
         return views.diagnostics_reading(run)
     assert reading(cluster_evenly=0.5).startswith("**Yes, at least in part.**")
     assert reading(delete_vs_ensemble_lo=1.0).startswith("**The edits do not call the untied members assembly lines")
-    assert "these networks are not clearly assembly lines" in views.conclusion_text(run)     # the conclusion: one rule
+    assert "these networks are not clearly assembly lines" in views.conclusion_text(run)    # the same table, one rule
     assert reading(delete_vs_ensemble_lo=5.0, cluster_evenly=1.0).startswith("**No — and the edits show why not.**")
+    assert "these networks are assembly lines" in views.conclusion_text(run)
     shares_below = d.assign(cluster_evenly=np.where(d["family"] == "untied", 1.0, 0.5 * d["cluster_evenly"]))
     monkeypatch.setattr(analysis, "diagnostic_table", lambda _run: shares_below)
     assert "separates flows from non-flows" in views.diagnostics_reading(run)

@@ -11,6 +11,8 @@ radians, cosines and exponents dimensionless; intervals are 95 % (t over replica
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 
@@ -185,14 +187,22 @@ def _range(values: pd.Series, digits: int = 2, scale: float = 1.0, unit: str = "
     return (lo if lo == hi else f"{lo}–{hi}") + unit
 
 
-def _untied_edits(d: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, bool, bool]:
-    """The untied members of ``d`` (:func:`depthlib.compose.analysis.diagnostic_table`) read by the rule of
-    :func:`diagnostics_reading`: (those with middle blocks, indexed by depth; their 'evenly' shares; assembly lines;
-    all even)."""
+class _UntiedEdits(NamedTuple):
+    """The untied members of a :func:`depthlib.compose.analysis.diagnostic_table` read by the rule of
+    :func:`diagnostics_reading` (:func:`_untied_edits`)."""
+    members: pd.DataFrame       # the untied rows, indexed by depth
+    middle: pd.DataFrame        # those with middle blocks (a deletion cost over an ensemble's)
+    even: pd.Series             # their 'evenly' shares (fraction of tokens), by depth
+    assembly: bool              # every middle member's deletion interval lies above ASSEMBLY ensembles' costs
+    all_even: bool              # every share is at least EVENLY
+
+
+def _untied_edits(d: pd.DataFrame) -> _UntiedEdits:
+    """The untied members of ``d`` (:func:`depthlib.compose.analysis.diagnostic_table`) and the rule's two readings."""
     u = d[d["family"] == "untied"].set_index("depth")
     mid, even = u[u["delete_vs_ensemble"].notna()], u["cluster_evenly"].dropna()
-    return (mid, even, bool(len(mid)) and bool((mid["delete_vs_ensemble_lo"] > ASSEMBLY).all()),
-            bool(len(even)) and bool((even >= EVENLY).all()))
+    return _UntiedEdits(u, mid, even, bool(len(mid)) and bool((mid["delete_vs_ensemble_lo"] > ASSEMBLY).all()),
+                       bool(len(even)) and bool((even >= EVENLY).all()))
 
 
 def diagnostics_reading(run: results.Run) -> str:
@@ -206,8 +216,7 @@ def diagnostics_reading(run: results.Run) -> str:
     say what the 2-means split does separate."""
     info = _describe(run)
     d = analysis.diagnostic_table(run)
-    u = d[d["family"] == "untied"].set_index("depth")
-    mid, even, assembly, all_even = _untied_edits(d)
+    u, mid, even, assembly, all_even = _untied_edits(d)
     if not len(mid) or not len(even):
         return "*The run has no untied member with middle blocks, so the diagnostic cannot be read against the edits.*"
     head = ("**No — and the edits show why not.**" if assembly and all_even else
@@ -348,11 +357,11 @@ def conclusion_text(run: results.Run) -> str:
 
     def versus_one(f):
         return _versus_one(ex.loc[f])
-    mid_u, _, assembly, _ = _untied_edits(diag)
-    ratio_u = mid_u.delete_vs_ensemble
-    edits = ("By chapter 5's edits these networks are assembly lines" if assembly else
+    untied = _untied_edits(diag)
+    ratio_u = untied.middle.delete_vs_ensemble
+    edits = ("By chapter 5's edits these networks are assembly lines" if untied.assembly else
              "By chapter 5's edits these networks are not clearly assembly lines")
-    span = f"{int(mid_u.index.min())}–{deep_u}"
+    span = f"{int(untied.middle.index.min())}–{deep_u}"
     return f"""
 On a target that must be parsed in L = {info['grammar']['L']} levels, untied residual transformers of width {info['d_model']}
 lose their excess over the Bayes loss as ℓ^−α with **α = {a('untied')}** over effective depths {ex.loc['untied'].depths}:
