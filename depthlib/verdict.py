@@ -282,7 +282,8 @@ def tally(rows: Sequence[Row]) -> str:
 
 #: the further numbers (:attr:`Measurement.facts`) each claim's row offers the prose, ``<key>_<name>``
 FACTS = {"tied_alpha": ("without_shallowest", "rounds"), "independent_alpha": ("without_shallowest", "rounds"),
-         "low_t_incomplete": ("far_from_pool",), "looped_toy_flow": ("scratch",)}
+         "low_t_incomplete": ("far_from_pool",), "looped_toy_flow": ("scratch",),
+         "hierarchical": ("ngram_ratio", "signs", "edits")}
 
 
 def substitutions(rows: Sequence[Row]) -> dict[str, str]:

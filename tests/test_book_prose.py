@@ -77,13 +77,13 @@ def test_every_substitution_a_page_quotes_is_one_the_verdict_gives(page, substit
 
 def test_the_intro_quotes_its_calibration_numbers_and_statuses_from_the_verdict():
     """The numbers and statuses the intro's summary rests on are generated, not typed: the tally, the calibration's
-    three rows and the looped toy's two."""
+    three rows, the looped toy's two and the hierarchy control's reading."""
     quoted = set(SUBSTITUTION.findall((ROOT / "book" / "intro.md").read_text(encoding="utf-8")))
     assert {"tally", "tied_alpha_value", "independent_alpha_value", "tied_minus_independent_value",
             "tied_minus_independent_status", "tied_alpha_certified", "tied_alpha_gains", "independent_alpha_gains",
             "looped_toy_flow_value", "tied_alpha_without_shallowest", "independent_alpha_rounds",
             "low_t_incomplete_far_from_pool", "hierarchical_certified", "hierarchical_gains",
-            "looped_toy_flow_scratch"} <= quoted
+            "looped_toy_flow_scratch", "hierarchical_ngram_ratio", "hierarchical_signs", "hierarchical_edits"} <= quoted
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

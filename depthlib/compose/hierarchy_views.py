@@ -312,13 +312,18 @@ def _baseline(source) -> dict:
             "ratio_hi": ng_hi / lo if np.isfinite(lo) and lo > 0 else np.inf}
 
 
+def _ratio_text(b: dict) -> str:
+    """:func:`_baseline`'s ratio n-gram / member with its interval, "27.5 [17.0, 63.5]"."""
+    return f"{b['ratio']:.1f} [{b['ratio_lo']:.1f}, {b['ratio_hi']:.1f}]"
+
+
 def _baseline_row(source) -> dict:
     b = _baseline(source)
     best, r_lo, r_hi = b["best"], b["ratio_lo"], b["ratio_hi"]
     measured = (f"best n-gram ({int(best['context'])} previous leaves, counted on {int(best['n_train']):,} sequences): "
                 f"excess {_num(best['excess'])} ± {_num(1.96 * best['excess_se'])} nats/leaf; {b['family']} "
                 f"ℓ = {b['depth']}: {_num(b['value'])} [{_num(b['lo'])}, {_num(b['hi'])}] over {b['n']} replicates; "
-                f"ratio {b['ratio']:.1f} [{r_lo:.1f}, {r_hi:.1f}]")
+                f"ratio {_ratio_text(b)}")
     if np.isfinite(r_lo) and r_lo >= FAR_BELOW:
         status, reason = "holds", f"the ratio's lower bound {r_lo:.1f} ≥ {FAR_BELOW:g}"
     elif r_hi <= 1.0:
@@ -495,9 +500,11 @@ def measurements(source) -> dict[str, list[dict]]:
     α_ℓ of the task's certified quantity over every effective depth with its 95 % t interval over replicates where
     the fit is shown (else no value, NaN, and why: a run that gives no exponent it can stand behind leaves the claim
     undecided, not untested), whether every member it rests on is certified and how many are (``certified_of``:
-    (certified, of)), and the least and most the others' last continuations still gained (``gaining``)."""
+    (certified, of)), the least and most the others' last continuations still gained (``gaining``), and on the first
+    (the untied next leaf) the prose's :func:`facts`."""
     s = _table(source, "fit_stability")
     out: dict[str, list[dict]] = {}
+    prose = facts(source)
     for claim, wanted in VERDICT_EXPONENTS.items():
         for task, families in wanted:
             quantity = TASK_QUANTITY[task]
@@ -519,7 +526,8 @@ def measurements(source) -> dict[str, list[dict]]:
                     "hi": float(r["hi"]) if shown else np.nan, "certified": shown and open_.empty,
                     "certified_of": (len(mine) - len(open_), len(mine)), "note": note,
                     "gaining": ((float(open_["last_gain"].min()), float(open_["last_gain"].max()))
-                                if len(open_) and open_["last_gain"].notna().any() else None)})
+                                if len(open_) and open_["last_gain"].notna().any() else None),
+                    "facts": prose if claim == "hierarchical" and task == "leaf" else {}})
     return out
 
 
@@ -551,8 +559,7 @@ def answer(source) -> str:
     sound = all(by.loc[k, "status"] == "holds" for k in ("unseen", "needs_hierarchy"))
     b = _baseline(source)
     control = (f"The control is a positive control: no held-out sequence occurs in training, and the best n-gram "
-               f"table leaves {b['ratio']:.1f} [{b['ratio_lo']:.1f}, {b['ratio_hi']:.1f}] times the excess of the "
-               f"deepest {b['family']} member." if sound else
+               f"table leaves {_ratio_text(b)} times the excess of the deepest {b['family']} member." if sound else
                "The control is not yet a positive control (see its first two rows below).")
     counts = ", ".join(f"{task} {int(g['certified'].astype(bool).sum())} of {len(g)}"
                        for task, g in m.groupby("task", sort=False))
@@ -887,34 +894,18 @@ SHORT = {"swap": "the swap", "permute": "the random order", "root_swap": "the ro
          "long_lag": "the long-lag cosine", "evenly": "the 'evenly' share", "alpha_theta": "α_θ"}
 
 
-def diagnostics_text(source) -> str:
-    """A Markdown paragraph generated from :func:`separation_rows`: which measurements tell the untied members from
-    what an ensemble predicts (with their numbers, at the deepest untied depth that has them), which read them as an
-    ensemble and which are undecided, then what follows by a stated rule: if some edit separates and none reads them
-    as an ensemble, the untied members are not an ensemble by chapter 5's edits, so a signature that reads them as one
-    cannot tell composition from averaging here; if the edits disagree, or none decides, that stays open; if the edits
-    read them as an ensemble, this run's control does not compose and cannot show which measurement would tell."""
-    rows = separation_rows(source)
-    cfg = _config(source)
-    parts = ["*(smoke profile: placeholder numbers.)*"] if cfg.get("profile") == "smoke" else []
-    n = int(_members(source).query("family == 'untied'")["seed"].nunique())
+def _phrase(r) -> str:
+    """One row of :func:`separation_rows` as the prose states it: what, where, the number and an ensemble's region."""
+    at = f" at ℓ = {int(r.depth)}" if np.isfinite(r.depth) else ""
+    return f"{r.measurement}{at}: {r.measured} (an ensemble: {r.ensemble})"
 
-    def phrase(r) -> str:
-        at = f" at ℓ = {int(r.depth)}" if np.isfinite(r.depth) else ""
-        return f"{r.measurement}{at}: {r.measured} (an ensemble: {r.ensemble})"
 
-    groups = {k: rows[rows["reading"] == k] for k in READINGS}
-    parts.append(f"**Which measurements tell the compositional control from an ensemble** (untied members, means over "
-                 f"{n} replicate{'s' if n != 1 else ''} with 95 % t intervals, each at the deepest untied depth that has "
-                 "it; an edit's cost is the rise of the next-leaf loss, or of the root error; what an ensemble gives, in "
-                 "parentheses, is chapter 5's prediction 3 for moving blocks, chapter 3's rule for θ(Δh) and the "
-                 "long-lag cosine, and the paper's own readings for the 'evenly' cluster and α_θ).")
-    parts.append("**Separate it** (outside what an ensemble predicts): "
-                 + ("; ".join(phrase(r) for r in groups["separates"].itertuples()) or "none") + ".")
-    parts.append("**Read it as an ensemble:** "
-                 + ("; ".join(phrase(r) for r in groups["reads as an ensemble"].itertuples()) or "none") + ".")
-    parts.append("**Undecided:** " + ("; ".join(f"{phrase(r)} — {r.reason}" for r in groups["undecided"].itertuples())
-                                     or "none") + ".")
+def signatures_reading(rows: pd.DataFrame) -> str:
+    """What chapter 5's edits say of the hidden-state signatures, by a stated rule on :func:`separation_rows` (one
+    sentence, the conclusion of :func:`diagnostics_text`): if some edit separates and none reads them as an ensemble,
+    the untied members are not an ensemble by chapter 5's edits, so a signature that reads them as one cannot tell
+    composition from averaging here; if the edits disagree, or none decides, that stays open; if the edits read them
+    as an ensemble, this run's control does not compose and cannot show which measurement would tell."""
     rows = rows.assign(short=rows["key"].map(SHORT))
     edits = rows[rows["key"].isin(EDIT_KEYS)]
     signs = rows[~rows["key"].isin(EDIT_KEYS)]
@@ -923,17 +914,52 @@ def diagnostics_text(source) -> str:
     blind = list(signs.loc[signs["reading"] == "reads as an ensemble", "short"])
     tell = list(signs.loc[signs["reading"] == "separates", "short"])
     if sep and not ens:
-        parts.append("**So:** by chapter 5's edits that decide (" + ", ".join(sep) + ") the untied members are "
-                     "not an ensemble; a hidden-state signature that reads them as one cannot tell composition from "
-                     "averaging here (" + (", ".join(blind) or "none does") + "), one that separates them can ("
-                     + (", ".join(tell) or "none does") + ").")
-    elif sep and ens:
-        parts.append("**So:** the edits disagree (separating: " + ", ".join(sep) + "; reading an ensemble: "
-                     + ", ".join(ens) + "), so which signatures are blind to composition stays undecided.")
-    elif ens:
-        parts.append("**So:** by the edits that decide (" + ", ".join(ens) + ") the untied members read as an "
-                     "ensemble here and no edit separates them: this run's control does not compose by the edits, so it "
-                     "cannot show which measurement would tell a compositional network from an ensemble.")
-    else:
-        parts.append("**So:** no edit decides here, so which signatures are blind to composition stays undecided.")
+        return ("by chapter 5's edits that decide (" + ", ".join(sep) + ") the untied members are not an ensemble; a "
+                "hidden-state signature that reads them as one cannot tell composition from averaging here ("
+                + (", ".join(blind) or "none does") + "), one that separates them can ("
+                + (", ".join(tell) or "none does") + ").")
+    if sep and ens:
+        return ("the edits disagree (separating: " + ", ".join(sep) + "; reading an ensemble: " + ", ".join(ens)
+                + "), so which signatures are blind to composition stays undecided.")
+    if ens:
+        return ("by the edits that decide (" + ", ".join(ens) + ") the untied members read as an ensemble here and no "
+                "edit separates them: this run's control does not compose by the edits, so it cannot show which "
+                "measurement would tell a compositional network from an ensemble.")
+    return "no edit decides here, so which signatures are blind to composition stays undecided."
+
+
+def diagnostics_text(source) -> str:
+    """A Markdown paragraph generated from :func:`separation_rows`: which measurements tell the untied members from
+    what an ensemble predicts (with their numbers, at the deepest untied depth that has them), which read them as an
+    ensemble and which are undecided, then what follows (:func:`signatures_reading`)."""
+    rows = separation_rows(source)
+    cfg = _config(source)
+    parts = ["*(smoke profile: placeholder numbers.)*"] if cfg.get("profile") == "smoke" else []
+    n = int(_members(source).query("family == 'untied'")["seed"].nunique())
+    groups = {k: rows[rows["reading"] == k] for k in READINGS}
+    parts.append(f"**Which measurements tell the compositional control from an ensemble** (untied members, means over "
+                 f"{n} replicate{'s' if n != 1 else ''} with 95 % t intervals, each at the deepest untied depth that has "
+                 "it; an edit's cost is the rise of the next-leaf loss, or of the root error; what an ensemble gives, in "
+                 "parentheses, is chapter 5's prediction 3 for moving blocks, chapter 3's rule for θ(Δh) and the "
+                 "long-lag cosine, and the paper's own readings for the 'evenly' cluster and α_θ).")
+    parts.append("**Separate it** (outside what an ensemble predicts): "
+                 + ("; ".join(_phrase(r) for r in groups["separates"].itertuples()) or "none") + ".")
+    parts.append("**Read it as an ensemble:** "
+                 + ("; ".join(_phrase(r) for r in groups["reads as an ensemble"].itertuples()) or "none") + ".")
+    parts.append("**Undecided:** " + ("; ".join(f"{_phrase(r)} — {r.reason}" for r in groups["undecided"].itertuples())
+                                     or "none") + ".")
+    parts.append("**So:** " + signatures_reading(rows))
     return " ".join(parts)
+
+
+def facts(source) -> dict[str, str]:
+    """What the book's hand-written prose quotes from this part beside its exponents (the verdict's
+    ``hierarchical_<name>``, :data:`depthlib.verdict.FACTS`), so that a recomputed run changes the prose:
+    ``ngram_ratio``, the best n-gram table's excess over the deepest untied member's with its interval
+    (:func:`_baseline`); ``signs``, the paper's update angle θ(Δh) and 'evenly' share of the untied members at their
+    deepest depth with what an ensemble gives and how each reads (:func:`separation_rows`); ``edits``, what chapter 5's
+    edits then say of the signatures (:func:`signatures_reading`)."""
+    rows = separation_rows(source)
+    by = rows.set_index("key")
+    signs = "; ".join(f"{_phrase(by.loc[k])}, {by.loc[k, 'reading']}" for k in ("theta_dh", "evenly"))
+    return {"ngram_ratio": _ratio_text(_baseline(source)), "signs": signs, "edits": signatures_reading(rows)}

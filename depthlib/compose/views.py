@@ -445,7 +445,7 @@ def measurements(parts: dict[str, results.Run | None]) -> dict[str, list]:
             out[claim] = [Measurement(f"{m['family']}, effective depths {m['depths']} (unseen RHM; {what[m['task']]})",
                                       m["value"], m["lo"], m["hi"], hierarchy.profile, m["note"],
                                       converged=m["certified"], certified=m["certified_of"],
-                                      gaining=m["gaining"]) for m in ms]
+                                      gaining=m["gaining"], facts=m["facts"]) for m in ms]
     elif run is not None:
         # its members met a rule of little change at the end of their schedule, which certifies nothing (chapter 3)
         for r in analysis.alpha_table(run).itertuples():
